@@ -1,0 +1,88 @@
+"""The one exception hierarchy of openenv_gym.
+
+Every error the package raises on purpose derives from :class:`OpenEnvGymError`, so a trainer can
+catch the package's failures in one place. Each class also derives from the builtin (or Gymnasium)
+exception a caller would naturally catch for that situation: a missing source is a
+``FileNotFoundError``, a server that cannot be reached a ``ConnectionError``, stepping an episode
+that is not running a :class:`gymnasium.error.ResetNeeded`.
+
+Bad *agent* input (malformed tool calls, unknown tools, bad arguments) is never an exception: it
+reaches the agent as an observation. These errors are for the trainer and the infrastructure.
+"""
+
+from __future__ import annotations
+
+from gymnasium.error import ResetNeeded
+
+__all__ = [
+    "OpenEnvGymError",
+    "ConfigurationError",
+    "SourceNotFound",
+    "DetectionError",
+    "AmbiguousSource",
+    "InvalidName",
+    "CatalogError",
+    "TaskNotFound",
+    "BackendError",
+    "BackendUnavailable",
+    "BackendTimeout",
+    "ServerError",
+    "EpisodeNotStarted",
+    "EpisodeFinished",
+]
+
+
+class OpenEnvGymError(Exception):
+    """Base class of every error raised by openenv_gym."""
+
+
+class ConfigurationError(OpenEnvGymError, ValueError):
+    """The user asked for something that cannot work (bad kwargs, bad split, unknown env name)."""
+
+
+class SourceNotFound(ConfigurationError, FileNotFoundError):
+    """An import source (file or folder) does not exist."""
+
+
+class DetectionError(ConfigurationError):
+    """Static detection found no environment in a source; the message says what was looked for."""
+
+
+class AmbiguousSource(DetectionError):
+    """Static detection found several environments; the message lists them and asks to pick one."""
+
+
+class InvalidName(ConfigurationError):
+    """A name that cannot become part of a Gymnasium id (it holds ``:`` or ``/``, or is empty)."""
+
+
+class CatalogError(OpenEnvGymError):
+    """The user catalog of imported sources is unreadable or an entry is missing."""
+
+
+class TaskNotFound(ConfigurationError, LookupError):
+    """A split or task index the backend does not have."""
+
+
+class BackendError(OpenEnvGymError):
+    """The environment backend (a server, an SDK, an actor) failed."""
+
+
+class BackendUnavailable(BackendError, ConnectionError):
+    """The backend cannot be reached or died (connection refused, process exited)."""
+
+
+class BackendTimeout(BackendError, TimeoutError):
+    """The backend did not answer within the configured time."""
+
+
+class ServerError(BackendError):
+    """The backend answered with an error of its own (an HTTP 5xx, a failing setup or reward)."""
+
+
+class EpisodeNotStarted(OpenEnvGymError, ResetNeeded):
+    """``step`` was called before ``reset``."""
+
+
+class EpisodeFinished(OpenEnvGymError, ResetNeeded):
+    """``step`` was called after the episode terminated or was truncated; call ``reset``."""

@@ -1,0 +1,179 @@
+"""Turning a user's source (file or folder) into one catalog entry.
+
+This package owns import-time decisions: which kind of environment a source holds, which single
+class to serve from it, and whether the SDK server would accept that class -- all decided
+statically, before anything is launched, so a bad source fails at ``openenv-gym import`` with an
+explanation instead of at ``gym.make`` with a server traceback.
+
+Each kind plugs in a detector in :data:`DETECTORS`; today only ``"ors"`` exists (``verifiers`` and
+``fleet`` will follow). :func:`detect` dispatches and picks the class; :func:`import_source`
+also validates the name and records the result with :mod:`openenv_gym.importers.catalog`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+
+from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
+from openenv_gym.importers.catalog import CatalogEntry, add_entry, validate_name
+from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
+
+__all__ = ["Detected", "DETECTORS", "detect", "import_source"]
+
+_PLANNED_KINDS = ("verifiers", "fleet")
+
+
+class Detected(msgspec.Struct):
+    """The one environment class chosen from a source (``source`` is the resolved absolute path)."""
+
+    kind: str
+    env_class: str
+    env_name: str
+    module_file: str
+    sdk: str
+    source: str
+
+
+class KindDetector(NamedTuple):
+    """How one kind is recognised (cheaply) and detected (fully, raising DetectionError)."""
+
+    looks_like: Callable[[Path], bool]
+    detect: Callable[[Path, str | None], Detected]
+
+
+def _tool_problem(t: ToolInfo) -> str:
+    if not t.valid:
+        return f"{t.name} (dropped: needs `-> ToolOutput` and at most one parameter, a pydantic model)"
+    if not t.listed:
+        return f"{t.name} (not listed: shared=False)"
+    return t.name
+
+
+def _servable(env: EnvClassInfo) -> bool:
+    if any(t.valid and t.listed and not t.terminal for t in env.tools):
+        return True
+    # openreward accepts an environment whose only tool is its @terminal one.
+    return env.sdk == "openreward" and any(t.valid and t.terminal for t in env.tools)
+
+
+def _pick(envs: list[EnvClassInfo], env_class: str | None, where: Path) -> EnvClassInfo:
+    labels = [f"{e.module_file}:{e.class_name}" for e in envs]
+    if env_class is None:
+        if len(envs) > 1:
+            raise AmbiguousSource(
+                f"{where} defines {len(envs)} environments: {', '.join(labels)}; "
+                "pass --env-class NAME (or env_class=) to pick one"
+            )
+        return envs[0]
+    # "pkg/env.py:Cls" picks among same-named classes of different files.
+    chosen = [e for e, label in zip(envs, labels) if env_class in (e.class_name, label)]
+    if not chosen:
+        raise DetectionError(f"no environment class {env_class!r} in {where}; found: {', '.join(labels)}")
+    if len(chosen) > 1:
+        raise AmbiguousSource(
+            f"several environment classes are named {env_class!r} in {where}: "
+            f"{', '.join(f'{e.module_file}:{e.class_name}' for e in chosen)}; pass --env-class FILE:NAME"
+        )
+    return chosen[0]
+
+
+def _detect_ors(source: Path, env_class: str | None) -> Detected:
+    found = detect_ors(source)
+    if not found.envs:
+        skipped = ""
+        if found.skipped:
+            skipped = f" ({len(found.skipped)} could not be parsed: {', '.join(found.skipped)})"
+        raise DetectionError(
+            f"no ORS environment found in {source}: looked for classes deriving from ors.Environment or "
+            "openreward.environments.Environment (directly or through local base classes) with at least "
+            f"one @tool method, in {found.files_scanned} .py file(s){skipped}"
+        )
+    env = _pick(found.envs, env_class, source)
+    label = f"{env.module_file}:{env.class_name}"
+    server = "ors-sdk" if env.sdk == "ors" else "openreward"
+    if env.missing:
+        raise DetectionError(
+            f"{label} does not define {', '.join(env.missing)} (on the class or its local base classes); "
+            f"the {server} server would refuse it"
+        )
+    if not _servable(env):
+        problems = ", ".join(_tool_problem(t) for t in env.tools)
+        raise DetectionError(
+            f"{label} has no tool the {server} server would list: {problems}; "
+            "the server refuses an environment without tools"
+        )
+    return Detected(
+        kind="ors",
+        env_class=env.class_name,
+        env_name=env.env_name,
+        module_file=env.module_file,
+        sdk=env.sdk,
+        source=str(source),
+    )
+
+
+DETECTORS: dict[str, KindDetector] = {"ors": KindDetector(looks_like_ors, _detect_ors)}
+
+
+def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: str | None = None) -> Detected:
+    """Statically find the environment class to serve from ``source`` (a file or a folder).
+
+    ``kind`` skips kind detection; ``env_class`` (``Name`` or ``module_file:Name``) picks one class
+    when the source defines several. Never imports or runs the source.
+    """
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise SourceNotFound(f"import source {path} does not exist")
+    path = path.resolve()
+    supported = ", ".join(repr(k) for k in DETECTORS)
+    if kind is not None:
+        if kind not in DETECTORS:
+            later = [k for k in _PLANNED_KINDS if k not in DETECTORS]
+            note = f" ({' and '.join(later)} importers are not available yet)" if later else ""
+            raise DetectionError(f"unsupported kind {kind!r}; supported kinds now: {supported}{note}")
+        return DETECTORS[kind].detect(path, env_class)
+    matching = [k for k, d in DETECTORS.items() if d.looks_like(path)]
+    if len(matching) == 1:
+        return DETECTORS[matching[0]].detect(path, env_class)
+    if len(matching) > 1:
+        raise AmbiguousSource(f"{path} looks like several kinds ({', '.join(matching)}); pass --kind")
+    # Nothing matched the cheap checks: run each detector for the error that says what it wanted.
+    reasons = []
+    for k, d in DETECTORS.items():
+        try:
+            return d.detect(path, env_class)
+        except AmbiguousSource:
+            raise
+        except DetectionError as exc:
+            reasons.append(str(exc) if len(DETECTORS) == 1 else f"{k}: {exc}")
+    raise DetectionError("; ".join(reasons))
+
+
+def import_source(
+    source: str | os.PathLike[str],
+    name: str,
+    kind: str | None = None,
+    env_class: str | None = None,
+    catalog: str | os.PathLike[str] | None = None,
+) -> CatalogEntry:
+    """Detect the environment in ``source`` and record it in the catalog as ``name``."""
+    validate_name(name)
+    found = detect(source, kind=kind, env_class=env_class)
+    entry = CatalogEntry(
+        name=name,
+        kind=found.kind,
+        source=found.source,
+        env_class=found.env_class,
+        env_name=found.env_name,
+        module_file=found.module_file,
+        sdk=found.sdk,
+        added_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    add_entry(entry, path=catalog)
+    return entry

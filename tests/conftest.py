@@ -1,0 +1,107 @@
+"""Shared fixtures: real ORS servers from both SDKs on 127.0.0.1, started and stopped by PID.
+
+The probe environments live in ``tests/envs``: ``ors_probe.py`` (ors-sdk) and
+``openreward_probe.py`` (openreward). Each server runs the SDK's own ``Server`` via the file's
+``__main__`` on a port chosen here; the fixture polls ``/health`` and kills the process at the end.
+Every test also gets a private catalog file, so no test reads or writes the user's catalog.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ENVS = Path(__file__).parent / "envs"
+os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
+# `import openenv_gym` registers the catalog: never let the suite read the user's own.
+os.environ["OPENENV_GYM_CATALOG"] = os.path.join(tempfile.mkdtemp(prefix="openenv-gym-test-"), "catalog.json")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, flavour: str, process: subprocess.Popen, url: str, source: Path):
+        self.flavour, self.process, self.url, self.source = flavour, process, url, source
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def start_server(flavour: str, timeout: float = 60.0) -> RunningServer:
+    source = ENVS / ("ors_probe.py" if flavour == "ors" else "openreward_probe.py")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(source), str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{flavour} probe server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return RunningServer(flavour, process, url, source)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{flavour} probe server not healthy within {timeout} s")
+
+
+@pytest.fixture(scope="session", params=["ors", "openreward"])
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """A probe server of each flavour (tests using it run once per flavour)."""
+    running = start_server(request.param)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def ors_server() -> Iterator[RunningServer]:
+    running = start_server("ors")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def private_catalog(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path_factory.mktemp("catalog") / "catalog.json"
+    monkeypatch.setenv("OPENENV_GYM_CATALOG", str(path))
+    return path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
