@@ -19,6 +19,7 @@ class FaultProxy:
         self.fail_creates = 0
         self.creates_refused = 0
         self.calls_cut = 0
+        self.requests: list[str] = []  # "METHOD /path" of every request seen
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
@@ -43,6 +44,9 @@ class FaultProxy:
 
         async def upstream() -> None:
             while data := await client_r.read(65536):
+                head = data.split(b"\r\n", 1)[0].split(b" ")
+                if len(head) == 3 and head[2].startswith(b"HTTP/"):
+                    self.requests.append(f"{head[0].decode()} {head[1].decode()}")
                 if self.fail_creates and data.startswith(b"POST /create"):
                     self.fail_creates -= 1
                     self.creates_refused += 1
