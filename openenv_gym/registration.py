@@ -32,6 +32,7 @@ _EXAMPLES = Path(__file__).parent / "examples"
 
 # kind of a catalog entry -> the Gymnasium entry point that builds it
 ENTRY_POINTS: dict[str, str] = {"ors": "openenv_gym.adapters.ors:make_env"}
+VECTOR_ENTRY_POINTS: dict[str, str] = {"ors": "openenv_gym.adapters.ors:make_vec"}
 
 
 def env_id(name: str) -> str:
@@ -40,6 +41,9 @@ def env_id(name: str) -> str:
 
 
 def _register(id: str, entry_point: str, kwargs: dict[str, Any], **extra: Any) -> None:
+    kind = next((k for k, v in ENTRY_POINTS.items() if v == entry_point), None)
+    if kind in VECTOR_ENTRY_POINTS and "vector_entry_point" not in extra:
+        extra["vector_entry_point"] = VECTOR_ENTRY_POINTS[kind]
     if id in gym.registry:
         del gym.registry[id]  # re-registration (a re-import of the catalog) should not warn
     gym.register(
@@ -116,9 +120,9 @@ def env_info(id: str) -> dict[str, Any]:
     if id not in gym.registry:
         raise ConfigurationError(f"{id!r} is not registered; known: {', '.join(list_environments())}")
     spec = gym.registry[id]
-    from openenv_gym.env import SECRET_KWARGS
+    from openenv_gym.redact import redact_kwargs
 
-    kwargs = {k: ("***" if k in SECRET_KWARGS else v) for k, v in (spec.kwargs or {}).items()}
+    kwargs = redact_kwargs(spec.kwargs or {})
     return {
         "id": spec.id,
         "entry_point": spec.entry_point if isinstance(spec.entry_point, str) else repr(spec.entry_point),

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from openenv_gym.errors import BackendTimeout
 
-__all__ = ["get_loop", "run_sync", "submit", "retry", "Backoff"]
+__all__ = ["get_loop", "run_sync", "submit", "on_runtime", "retry", "Backoff"]
 
 T = TypeVar("T")
 
@@ -82,6 +82,13 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise BackendTimeout(f"operation did not finish within {timeout} s") from None
+
+
+async def on_runtime(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the runtime loop from any event loop (clients are bound to that loop)."""
+    if asyncio.get_running_loop() is get_loop():
+        return await coro
+    return await asyncio.wrap_future(submit(coro))
 
 
 class Backoff:

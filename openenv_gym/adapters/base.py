@@ -11,13 +11,16 @@ Data flows one way: env -> adapter/episode -> the outside system.
 from __future__ import annotations
 
 import abc
+import importlib
 from typing import Any
+
+import msgspec
 
 from openenv_gym.actions import Turn
 from openenv_gym.errors import TaskNotFound
 from openenv_gym.wire import Opening, Outcome, Split, TaskRef, ToolSpec
 
-__all__ = ["Adapter", "Episode"]
+__all__ = ["Adapter", "AdapterSpec", "Episode"]
 
 
 class Episode(abc.ABC):
@@ -102,3 +105,19 @@ class Adapter(abc.ABC):
                 raise TaskNotFound(f"unknown split {split!r}; the splits are {names}")
             self._num_tasks[split] = await self._fetch_num_tasks(split)
         return self._num_tasks[split]
+
+
+class AdapterSpec(msgspec.Struct):
+    """How to build an adapter: ``"module:Class"`` and its kwargs.
+
+    A recipe rather than an instance because a vector env builds several adapters (one per
+    connection pool) and a Ray actor builds its own in another process.
+    """
+
+    entry: str
+    kwargs: dict[str, Any] = {}
+
+    def build(self) -> Adapter:
+        """A new, not yet started adapter."""
+        module, _, name = self.entry.partition(":")
+        return getattr(importlib.import_module(module), name)(**self.kwargs)

@@ -233,6 +233,7 @@ class ORSAdapter(Adapter):
         self._active: dict[str, float] = {}  # session id -> monotonic time of its last request
         self._pinger: asyncio.Task[None] | None = None
         self._deleting: set[asyncio.Task[None]] = set()
+        self._relaunch: asyncio.Lock | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -286,13 +287,26 @@ class ORSAdapter(Adapter):
             self._secret_header = base64.b64encode(json.dumps(payload).encode()).decode()
 
     async def ensure_server(self) -> None:
-        """Relaunch a local server that died (the next episode then runs on a fresh one)."""
-        if self._server is not None and not self._server.alive():
-            old, self._server = self._server, None
-            ors_local.release(old)
-            if self._client is not None:
-                await self._client.aclose()
-            await self._launch()
+        """Relaunch a local server that died (the next episode then runs on a fresh one).
+
+        Many sessions share an adapter and may find the server dead at once: only the first
+        relaunches, the others wait for it.
+        """
+        if self.source is None:
+            return  # a remote server is not ours to relaunch
+        if self._relaunch is None:
+            self._relaunch = asyncio.Lock()
+        if self._server is not None and self._server.alive() and not self._relaunch.locked():
+            return
+        async with self._relaunch:
+            if self._server is None or not self._server.alive():
+                old, self._server = self._server, None
+                if old is not None:
+                    await asyncio.to_thread(ors_local.release, old)
+                if self._client is not None:
+                    await self._client.aclose()
+                self._active.clear()  # those sessions died with the server
+                await self._launch()
 
     def server_pid(self) -> int | None:
         """PID of the local server process, if this adapter launched one."""
@@ -639,6 +653,40 @@ class ORSEpisode(Episode):
         if self.sid is not None:
             sid, self.sid = self.sid, None
             self.adapter.end_session(sid)
+
+
+_ENV_KWARGS = ("split", "max_turns")
+
+
+def make_vec(
+    num_envs: int = 1,
+    *,
+    backend: str = "concurrent",
+    max_episode_steps: int | None = None,
+    render_mode: str | None = None,
+    autoreset_mode: Any = None,
+    step_timeout: float | None = None,
+    vector_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+):
+    """Gymnasium vector entry point: ``gym.make_vec("openenv/X-v0", num_envs, backend=...)``.
+
+    ``kwargs`` are the same as for ``gym.make`` (``url``/``source``/... for the adapter,
+    ``split`` and ``max_turns`` for each sub-env); ``vector_options`` go to the backend
+    (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
+    """
+    from openenv_gym import vector
+    from openenv_gym.adapters.base import AdapterSpec
+
+    env_kwargs = {k: kwargs.pop(k) for k in _ENV_KWARGS if k in kwargs}
+    if max_episode_steps is not None:
+        turns = env_kwargs.get("max_turns")
+        env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
+    options: dict[str, Any] = dict(vector_options or {})
+    if autoreset_mode is not None:
+        options["autoreset_mode"] = autoreset_mode
+    return vector.make(num_envs, AdapterSpec("openenv_gym.adapters.ors:ORSAdapter", kwargs), backend=backend,
+                       step_timeout=step_timeout, **env_kwargs, **options)
 
 
 def make_env(

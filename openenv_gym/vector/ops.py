@@ -1,0 +1,116 @@
+"""What a vector env asks of a sub-env, and what it gets back: ops, results, and running one.
+
+An :class:`Op` is one request for one sub-env (reset, step, or step-then-reset for SAME_STEP
+autoreset); a :class:`Result` is its answer. Both are msgspec Structs because the Ray backend
+ships them between processes as msgpack bytes. :func:`run_op` executes an op against an
+:class:`~openenv_gym.session.EnvSession` and never raises for a backend failure: the failure
+becomes ``Result.error`` with the sub-env truncated, so one broken sub-env never stops the
+others. Every backend (in-process or in a Ray actor) runs ops through this one function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from openenv_gym.errors import ConfigurationError
+from openenv_gym.session import EnvSession
+from openenv_gym.wire import Message
+
+__all__ = ["Op", "Result", "run_op", "encode_ops", "decode_ops", "encode_results", "decode_results"]
+
+
+class Op(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One request for one sub-env. ``kind``: ``reset``, ``step`` or ``step_reset``."""
+
+    env_id: int
+    req_id: int
+    kind: str
+    action: Any = None
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    note: dict[str, Any] | None = None
+    """An ``error`` entry to report with this op's result (why a reset was forced)."""
+    recreate: bool = False
+    """Replace the sub-env's session before running (its previous request failed)."""
+
+
+class Result(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The answer to an :class:`Op`."""
+
+    env_id: int
+    req_id: int
+    obs: list[Message]
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = {}
+    error: dict[str, Any] | None = None
+    """Set when the backend failed; the sub-env was truncated and must be recreated."""
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    error = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, ConfigurationError):
+        error["user"] = True  # the caller's mistake (a bad split or option): reset() raises it
+    return error
+
+
+async def _guarded(coro: Any, timeout: float | None) -> Any:
+    if timeout is None:
+        return await coro
+    async with asyncio.timeout(timeout):
+        return await coro
+
+
+async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> Result:
+    """Execute ``op`` on ``session``; failures and timeouts become ``Result.error``.
+
+    ``step_reset`` is SAME_STEP autoreset done where the env lives, so it costs one round trip:
+    the step's final observation and info go into ``info["final_obs"]``/``info["final_info"]``
+    and the returned observation is the next episode's first.
+    """
+    try:
+        if op.kind == "reset":
+            obs, info = await _guarded(session.reset(op.seed, op.options), timeout)
+            if op.note:
+                info = {**info, **op.note}
+            return Result(op.env_id, op.req_id, obs, info=info)
+        obs, reward, terminated, truncated, info = await _guarded(session.step(op.action), timeout)
+        if op.kind == "step_reset" and (terminated or truncated):
+            final = {"final_obs": obs, "final_info": info}
+            try:
+                obs, info = await _guarded(session.reset(), timeout)
+            except Exception as exc:  # the step happened; only the reset failed
+                return Result(op.env_id, op.req_id, [], reward, terminated, truncated,
+                              {**final, "error": _error(exc)}, error=_error(exc))
+            info = {**info, **final}
+        return Result(op.env_id, op.req_id, obs, reward, terminated, truncated, info)
+    except TimeoutError:
+        err = {"type": "BackendTimeout", "message": f"the sub-env did not answer a {op.kind} within {timeout} s"}
+    except Exception as exc:
+        err = _error(exc)
+    return Result(op.env_id, op.req_id, [], 0.0, False, True, {"error": err}, error=err)
+
+
+_ops_decoder = msgspec.msgpack.Decoder(list[Op])
+_results_decoder = msgspec.msgpack.Decoder(list[Result])
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_ops(ops: list[Op]) -> bytes:
+    return _encoder.encode(ops)
+
+
+def decode_ops(data: bytes) -> list[Op]:
+    return _ops_decoder.decode(data)
+
+
+def encode_results(results: list[Result]) -> bytes:
+    return _encoder.encode(results)
+
+
+def decode_results(data: bytes) -> list[Result]:
+    return _results_decoder.decode(data)
