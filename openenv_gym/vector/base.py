@@ -35,7 +35,7 @@ from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.vector.ops import Op, Result
 from openenv_gym.wire import Message, ToolSpec
 
-__all__ = ["AgentVectorEnv", "Batch"]
+__all__ = ["AgentVectorEnv", "Batch", "info_at"]
 
 
 class Batch(NamedTuple):
@@ -89,6 +89,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self._pending: dict[int, int] = {}
         self._ready: dict[int, Result] = {}
         self._arrived: asyncio.Event | None = None
+        self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
         self._step_actions: Any = None
 
@@ -130,7 +131,9 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             return
         del self._pending[result.env_id]
         self._ready[result.env_id] = result
-        if self._arrived is not None:
+        # Wake the waiter only when it can finish: waking it per result would rescan the
+        # ready set each time, quadratic in the batch size (256-result batches at 1,024 envs).
+        if self._arrived is not None and len(self._ready) >= self._want:
             self._arrived.set()
 
     def _absorb(self, result: Result, reset: bool) -> None:
@@ -151,10 +154,11 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            ready = [i for i in self._ready if env_ids is None or i in env_ids]
+            ready = list(self._ready) if env_ids is None else [i for i in self._ready if i in env_ids]
             if len(ready) >= count:
                 return [self._ready.pop(i) for i in ready[:count]]
             self._arrived.clear()
+            self._want = len(self._ready) + (count - len(ready))
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise BackendTimeout(f"{len(ready)} of {count} sub-env results arrived within {timeout} s")
@@ -163,6 +167,8 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                     await self._arrived.wait()
             except TimeoutError:
                 pass
+            finally:
+                self._want = 1
 
     # -- Gymnasium VectorEnv API -----------------------------------------------------------------
     def reset(
@@ -365,3 +371,20 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
 
 def _trim(infos: dict[str, Any], n: int) -> dict[str, Any]:
     return {k: (_trim(v, n) if isinstance(v, dict) else v[:n]) for k, v in infos.items()}
+
+
+def info_at(infos: dict[str, Any], k: int) -> dict[str, Any]:
+    """Entry ``k`` of a batched info dict, as the sub-env's own dict (``_key`` masks honoured)."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_"):
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is not None and not mask[k]:
+            continue
+        if isinstance(value, dict):
+            out[key] = info_at(value, k)
+        else:
+            item = value[k]
+            out[key] = item.item() if isinstance(item, np.generic) else item
+    return out

@@ -1,0 +1,264 @@
+"""Vector-env benchmarks: every figure a ratio to a baseline measured in the same run.
+
+Sections (``--only`` picks some):
+
+* ``collapse``: ConcurrentVectorEnv on the Arithmetic ORS server at 8, 128 and 1,024 sub-envs
+  (each size in its own fresh process, interleaved over repetitions); env-steps/sec at 128 and
+  1,024 against 8 (target >= 0.8 each), and peak RSS at 1,024.
+* ``client``: ConcurrentVectorEnv at 64 sub-envs against an aiohttp reference client (one shared
+  session, the same calls to the same server), in env-steps/sec (target >= 0.8).
+* ``ray``: RayVectorEnv (a few actors) against Gymnasium's AsyncVectorEnv (64 processes,
+  shared_memory=False) at 64 sub-envs: env-steps/sec (target >= 1.0) and PSS (target <= 1/4);
+  and the p50 latency a RayVectorEnv step adds over a raw actor call (target <= 0.5 ms).
+* ``first_ready``: 64 sub-envs whose steps take lognormal time (median 20 ms, sigma 1);
+  ``recv(batch_size=8)`` against lockstep ``step()`` (target >= 4; the simulated bound is ~6.7).
+* ``wire``: encode+decode of a step record, msgspec Struct against the same pydantic model
+  (target >= 4).
+
+Every tool call here is ``calculator`` on a small expression; episodes are truncated after 8
+turns, so resets are part of the load as they are in training.
+
+    python benchmarks/vector.py [--only collapse,client,first_ready,wire,ray] [--reps 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+CALC = {"role": "assistant", "content": None,
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{\"expression\": \"6 * 7\"}"}}]}
+TURNS = 8
+
+
+# -- one ConcurrentVectorEnv measurement (run in a child process for collapse) -------------------------
+def concurrent_steps_per_sec(num_envs: int, seconds: float, url: str | None = None) -> dict[str, float]:
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401
+
+    kwargs: dict[str, Any] = {"max_turns": TURNS}
+    env_id = "openenv/Arithmetic-v0"
+    if url is not None:  # share a server started by the parent, so every size meets the same server
+        env_id, kwargs = "openenv/ORS-v0", {"url": url, "env_name": "arithmetic", "max_turns": TURNS}
+    envs = gym.make_vec(env_id, num_envs=num_envs, **kwargs)
+    try:
+        envs.reset(seed=0)
+        batch = max(1, num_envs // 4)
+        envs.send([CALC] * num_envs)
+        for _ in range(2 * num_envs // batch):  # warm-up
+            b = envs.recv(batch)
+            envs.send([CALC] * len(b.env_ids), b.env_ids)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            b = envs.recv(batch)
+            steps += int(sum("calls" in i for i in _infos(b)))  # tool calls, not autoreset results
+            envs.send([CALC] * len(b.env_ids), b.env_ids)
+        elapsed = time.perf_counter() - start
+        envs.recv()
+    finally:
+        envs.close()
+    return {"steps_per_sec": steps / elapsed, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _infos(batch: Any) -> list[dict[str, Any]]:
+    from openenv_gym.vector.base import info_at
+
+    return [info_at(batch.infos, k) for k in range(len(batch.env_ids))]
+
+
+def _child(num_envs: int, seconds: float, url: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--child", str(num_envs), str(seconds), url],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _server() -> tuple[Any, str]:
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401
+
+    env = gym.make("openenv/Arithmetic-v0")  # keeps the shared Arithmetic server alive for the children
+    return env, env.unwrapped.adapter._server.url
+
+
+def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:
+    env, url = _server()
+    try:
+        runs: dict[int, list[dict[str, float]]] = {8: [], 128: [], 1024: []}
+        for r in range(reps):
+            for n in runs:
+                runs[n].append(_child(n, seconds, url))
+                print(f"  collapse rep {r}: {n:5d} sub-envs {runs[n][-1]['steps_per_sec']:8.1f} env-steps/s "
+                      f"(peak RSS {runs[n][-1]['peak_rss_mib']:.0f} MiB)")
+    finally:
+        env.close()
+    med = {n: statistics.median(x["steps_per_sec"] for x in v) for n, v in runs.items()}
+    return {"steps_per_sec": med, "ratio_128_to_8": med[128] / med[8], "ratio_1024_to_8": med[1024] / med[8],
+            "peak_rss_mib_1024": max(x["peak_rss_mib"] for x in runs[1024])}
+
+
+# -- aiohttp reference client ---------------------------------------------------------------------------
+async def _aiohttp_reference(url: str, num_envs: int, seconds: float) -> float:
+    import aiohttp
+
+    env = "arithmetic"
+    steps = 0
+    stop = time.perf_counter() + seconds
+
+    async def call(session: aiohttp.ClientSession, sid: str) -> None:
+        async with session.post(f"{url}/{env}/call", json={"name": "calculator", "input": {"expression": "6 * 7"}},
+                                headers={"X-Session-ID": sid}) as r:
+            text = await r.text()
+        assert "event: end" in text
+
+    async def loop(session: aiohttp.ClientSession, i: int) -> None:
+        nonlocal steps
+        index = i
+        while time.perf_counter() < stop:
+            sid = uuid.uuid4().hex
+            h = {"X-Session-ID": sid}
+            async with session.post(f"{url}/create", json={"env_name": env, "split": "train", "index": index % 2000}, headers=h) as r:
+                await r.read()
+            async with session.get(f"{url}/{env}/prompt", headers=h) as r:
+                await r.read()
+            async with session.get(f"{url}/{env}/task_tools", headers=h) as r:
+                await r.read()
+            for _ in range(TURNS):
+                await call(session, sid)
+                steps += 1
+            async with session.post(f"{url}/delete", headers=h) as r:
+                await r.read()
+            index += num_envs
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=num_envs)) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(loop(session, i) for i in range(num_envs)))
+        return steps / (time.perf_counter() - start)
+
+
+def bench_client(reps: int, seconds: float) -> dict[str, Any]:
+    env, url = _server()
+    ours, ref = [], []
+    try:
+        for r in range(reps):
+            ours.append(concurrent_steps_per_sec(64, seconds, url)["steps_per_sec"])
+            ref.append(asyncio.run(_aiohttp_reference(url, 64, seconds)))
+            print(f"  client rep {r}: openenv_gym {ours[-1]:8.1f}   aiohttp reference {ref[-1]:8.1f} env-steps/s")
+    finally:
+        env.close()
+    ratios = [a / b for a, b in zip(ours, ref)]
+    return {"ours": statistics.median(ours), "aiohttp": statistics.median(ref), "ratio": statistics.median(ratios)}
+
+
+# -- first-ready batching ------------------------------------------------------------------------------
+def bench_first_ready(reps: int, steps: int) -> dict[str, Any]:
+    from openenv_gym import vector
+    from openenv_gym.adapters.base import AdapterSpec
+
+    wait = {"role": "assistant", "tool_calls": [{"id": "w", "function": {"name": "wait", "arguments": "{}"}}]}
+    spec = AdapterSpec("openenv_gym.testing.latency:LatencyAdapter", {"median": 0.02, "sigma": 1.0, "turns": 1000, "seed": 0})
+    n = 64
+    lock, ready = [], []
+    for r in range(reps):
+        envs = vector.make(n, spec)
+        try:
+            envs.reset(seed=0)
+            start = time.perf_counter()
+            for _ in range(steps // n):
+                envs.step([wait] * n)
+            lock.append((steps // n) * n / (time.perf_counter() - start))
+            envs.send([wait] * n)
+            done, start = 0, time.perf_counter()
+            while done < steps:
+                b = envs.recv(8)
+                done += len(b.env_ids)
+                envs.send([wait] * len(b.env_ids), b.env_ids)
+            ready.append(done / (time.perf_counter() - start))
+            envs.recv()
+        finally:
+            envs.close()
+        print(f"  first-ready rep {r}: lockstep {lock[-1]:8.1f}   recv(8) {ready[-1]:8.1f} env-steps/s")
+    return {"lockstep": statistics.median(lock), "first_ready": statistics.median(ready),
+            "ratio": statistics.median(b / a for a, b in zip(lock, ready))}
+
+
+# -- wire ----------------------------------------------------------------------------------------------
+def bench_wire(reps: int) -> dict[str, Any]:
+    import timeit
+
+    import pydantic
+
+    from openenv_gym.vector.ops import Result, decode_results, encode_results
+
+    class PydResult(pydantic.BaseModel):
+        env_id: int
+        req_id: int
+        obs: list[dict[str, Any]]
+        reward: float = 0.0
+        terminated: bool = False
+        truncated: bool = False
+        info: dict[str, Any] = {}
+        error: dict[str, Any] | None = None
+
+    obs = [{"role": "tool", "tool_call_id": "call_1", "name": "calculator", "content": "x" * 400}]
+    info = {"calls": [{"name": "calculator", "ok": True, "reward": 0.0, "finished": False, "metadata": None}], "turn": 3}
+    records = [Result(i, i, obs, 0.0, False, False, info) for i in range(64)]
+    pyd = [PydResult(env_id=i, req_id=i, obs=obs, info=info) for i in range(64)]
+    adapter = pydantic.TypeAdapter(list[PydResult])
+    ratios = []
+    for r in range(reps):
+        t_ms = min(timeit.repeat(lambda: decode_results(encode_results(records)), number=200, repeat=5))
+        t_pd = min(timeit.repeat(lambda: adapter.validate_json(adapter.dump_json(pyd)), number=200, repeat=5))
+        ratios.append(t_pd / t_ms)
+        print(f"  wire rep {r}: msgspec {t_ms / 200 * 1e6:7.1f} us   pydantic {t_pd / 200 * 1e6:7.1f} us per 64-record batch")
+    return {"ratio": statistics.median(ratios)}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(concurrent_steps_per_sec(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="collapse,client,first_ready,wire")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per configuration")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    results: dict[str, Any] = {}
+    if "wire" in only:
+        results["wire"] = bench_wire(args.reps)
+        print(f"wire: msgspec is {results['wire']['ratio']:.1f}x pydantic (target >= 4)")
+    if "first_ready" in only:
+        results["first_ready"] = bench_first_ready(args.reps, 1536)
+        print(f"first-ready: recv(8) is {results['first_ready']['ratio']:.2f}x lockstep (target >= 4)")
+    if "client" in only:
+        results["client"] = bench_client(args.reps, args.seconds)
+        print(f"client: openenv_gym is {results['client']['ratio']:.2f}x the aiohttp reference (target >= 0.8)")
+    if "collapse" in only:
+        results["collapse"] = bench_collapse(args.reps, args.seconds)
+        c = results["collapse"]
+        print(f"collapse: 128/8 = {c['ratio_128_to_8']:.2f}, 1024/8 = {c['ratio_1024_to_8']:.2f} (targets >= 0.8); "
+              f"peak RSS at 1024 = {c['peak_rss_mib_1024']:.0f} MiB")
+    if "ray" in only:
+        from ray_bench import bench_ray  # noqa: PLC0415  (needs ray; kept apart)
+
+        results["ray"] = bench_ray(args.reps, args.seconds)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
