@@ -15,7 +15,7 @@ from openenv_gym.errors import ConfigurationError
 from openenv_gym.vector.base import AgentVectorEnv, Batch
 from openenv_gym.vector.concurrent import ConcurrentVectorEnv
 
-__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "make", "BACKENDS"]
+__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "BACKENDS"]
 
 BACKENDS = ("concurrent", "ray")
 
@@ -33,3 +33,12 @@ def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", **
 
         return RayVectorEnv(num_envs, adapter, **kwargs)
     raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
+
+
+def __getattr__(name: str) -> Any:
+    # RayVectorEnv is imported on first use: importing this package must not import ray.
+    if name == "RayVectorEnv":
+        from openenv_gym.vector.ray import RayVectorEnv
+
+        return RayVectorEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,6 +50,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
     ):
+        autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any server or client starts
         self._spec_adapter = adapter
         self._split, self._max_turns = split, max_turns
         self._adapters: list[Adapter] = []
