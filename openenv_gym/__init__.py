@@ -16,12 +16,14 @@ from openenv_gym.env import AgentEnv
 from openenv_gym.registration import env_info, list_environments, register_all
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.wire import Opening, Outcome, Split, TaskRef, ToolSpec
+from openenv_gym.wrappers import ContextManagement
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentEnv",
     "AssistantAction",
+    "ContextManagement",
     "Messages",
     "Opening",
     "Outcome",

@@ -1,6 +1,6 @@
 """The ``openenv-gym`` command: import sources, list and inspect ids, collect rollouts.
 
-    openenv-gym import SOURCE --name NAME [--kind ors] [--env-class CLS]
+    openenv-gym import SOURCE --name NAME [--kind ors|fleet] [--env-class CLS]
     openenv-gym list
     openenv-gym info ID
     openenv-gym remove NAME
@@ -32,7 +32,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from openenv_gym.registration import env_id
 
     entry = import_source(args.source, args.name, kind=args.kind, env_class=args.env_class)
-    print(f"imported {entry.kind} environment {entry.env_class} from {entry.source}")
+    what = entry.env_class or f"task set of {entry.env_name}"
+    print(f"imported {entry.kind} environment {what} from {entry.source}")
     print(f'registered {env_id(entry.name)}: gym.make("{env_id(entry.name)}") after `import openenv_gym`')
     return 0
 
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import", help="detect a source statically and add it to your catalog")
     p.add_argument("source", help="a file or folder")
     p.add_argument("--name", required=True, help="registers openenv/NAME-v0")
-    p.add_argument("--kind", default=None, help="the source's kind (default: detected; now: ors)")
+    p.add_argument("--kind", default=None, help="the source's kind (default: detected): ors or fleet")
     p.add_argument("--env-class", default=None, help="the Environment class, when the source has several")
     p.set_defaults(fn=_cmd_import)
 

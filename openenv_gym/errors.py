@@ -27,6 +27,7 @@ __all__ = [
     "BackendUnavailable",
     "BackendTimeout",
     "ServerError",
+    "ProvisioningError",
     "EpisodeNotStarted",
     "EpisodeFinished",
 ]
@@ -78,6 +79,12 @@ class BackendTimeout(BackendError, TimeoutError):
 
 class ServerError(BackendError):
     """The backend answered with an error of its own (an HTTP 5xx, a failing setup or reward)."""
+
+
+class ProvisioningError(BackendError):
+    """The backend refused to create an environment (unknown env or version, bad credentials,
+    no permission, quota reached): retrying cannot help, so it is raised at once with the
+    backend's own message."""
 
 
 class EpisodeNotStarted(OpenEnvGymError, ResetNeeded):

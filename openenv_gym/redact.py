@@ -15,7 +15,7 @@ from gymnasium.envs.registration import EnvSpec
 
 __all__ = ["SECRET_KWARGS", "redact_kwargs", "RedactedSpec"]
 
-SECRET_KWARGS = frozenset({"secrets", "api_key", "headers"})
+SECRET_KWARGS = frozenset({"secrets", "api_key", "headers", "env_variables"})
 
 
 def _hide(value: Any) -> Any:

@@ -3,7 +3,8 @@
 Gymnasium 1.x loads no plugins, so ``import openenv_gym`` registers everything here, from three
 places:
 
-1. built-ins: ``openenv/ORS-v0`` (any ORS server or source, by kwargs) and the bundled examples;
+1. built-ins: ``openenv/ORS-v0`` (any ORS server or source, by kwargs), ``openenv/Fleet-v0`` (any
+   Fleet environment or task set, by kwargs) and the bundled examples;
 2. the user's catalog of imported sources (``openenv-gym import``);
 3. installed packages exposing the entry-point group ``openenv_gym.envs``: each entry point is a
    callable returning an iterable of dicts with ``id``, ``entry_point`` and optional ``kwargs``.
@@ -31,8 +32,16 @@ ENTRY_POINT_GROUP = "openenv_gym.envs"
 _EXAMPLES = Path(__file__).parent / "examples"
 
 # kind of a catalog entry -> the Gymnasium entry point that builds it
-ENTRY_POINTS: dict[str, str] = {"ors": "openenv_gym.adapters.ors:make_env"}
-VECTOR_ENTRY_POINTS: dict[str, str] = {"ors": "openenv_gym.adapters.ors:make_vec"}
+ENTRY_POINTS: dict[str, str] = {
+    "ors": "openenv_gym.adapters.ors:make_env",
+    "fleet": "openenv_gym.adapters.fleet:make_env",
+}
+VECTOR_ENTRY_POINTS: dict[str, str] = {
+    "ors": "openenv_gym.adapters.ors:make_vec",
+    "fleet": "openenv_gym.adapters.fleet:make_vec",
+}
+# the kwarg that carries a catalog entry's source path, per kind
+SOURCE_KWARG: dict[str, str] = {"ors": "source", "fleet": "tasks"}
 
 
 def env_id(name: str) -> str:
@@ -57,8 +66,9 @@ def _register(id: str, entry_point: str, kwargs: dict[str, Any], **extra: Any) -
 
 
 def register_builtins() -> None:
-    """Register ``openenv/ORS-v0`` and the bundled example environments."""
+    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0`` and the bundled example environments."""
     _register(env_id("ORS"), ENTRY_POINTS["ors"], {})
+    _register(env_id("Fleet"), ENTRY_POINTS["fleet"], {})
     _register(
         env_id("Arithmetic"),
         ENTRY_POINTS["ors"],
@@ -81,8 +91,8 @@ def register_catalog() -> list[str]:
         if entry_point is None:
             warnings.warn(f"openenv_gym: catalog entry {entry.name!r} has unknown kind {entry.kind!r}", stacklevel=2)
             continue
-        kwargs: dict[str, Any] = {"source": entry.source, **entry.options}
-        for key in ("env_class", "env_name", "module_file"):
+        kwargs: dict[str, Any] = {SOURCE_KWARG.get(entry.kind, "source"): entry.source, **entry.options}
+        for key in ("env_class", "env_name", "module_file") if entry.kind == "ors" else ():
             if getattr(entry, key, None):
                 kwargs[key] = getattr(entry, key)
         _register(env_id(entry.name), entry_point, kwargs)

@@ -671,38 +671,15 @@ class ORSEpisode(Episode):
             self.adapter.end_session(sid)
 
 
-_ENV_KWARGS = ("split", "max_turns")
-
-
-def make_vec(
-    num_envs: int = 1,
-    *,
-    backend: str = "concurrent",
-    max_episode_steps: int | None = None,
-    render_mode: str | None = None,
-    autoreset_mode: Any = None,
-    step_timeout: float | None = None,
-    vector_options: dict[str, Any] | None = None,
-    **kwargs: Any,
-):
+def make_vec(num_envs: int = 1, **kwargs: Any):
     """Gymnasium vector entry point: ``gym.make_vec("openenv/X-v0", num_envs, backend=...)``.
 
-    ``kwargs`` are the same as for ``gym.make`` (``url``/``source``/... for the adapter,
-    ``split`` and ``max_turns`` for each sub-env); ``vector_options`` go to the backend
-    (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
+    Takes ``gym.make``'s kwargs plus ``backend`` and ``vector_options``
+    (see :func:`openenv_gym.vector.make_entry`).
     """
-    from openenv_gym import vector
-    from openenv_gym.adapters.base import AdapterSpec
+    from openenv_gym.vector import make_entry
 
-    env_kwargs = {k: kwargs.pop(k) for k in _ENV_KWARGS if k in kwargs}
-    if max_episode_steps is not None:
-        turns = env_kwargs.get("max_turns")
-        env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
-    options: dict[str, Any] = dict(vector_options or {})
-    if autoreset_mode is not None:
-        options["autoreset_mode"] = autoreset_mode
-    return vector.make(num_envs, AdapterSpec("openenv_gym.adapters.ors:ORSAdapter", kwargs), backend=backend,
-                       step_timeout=step_timeout, **env_kwargs, **options)
+    return make_entry("openenv_gym.adapters.ors:ORSAdapter", num_envs, **kwargs)
 
 
 def make_env(

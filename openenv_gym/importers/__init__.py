@@ -5,8 +5,8 @@ class to serve from it, and whether the SDK server would accept that class -- al
 statically, before anything is launched, so a bad source fails at ``openenv-gym import`` with an
 explanation instead of at ``gym.make`` with a server traceback.
 
-Each kind plugs in a detector in :data:`DETECTORS`; today only ``"ors"`` exists (``verifiers`` and
-``fleet`` will follow). :func:`detect` dispatches and picks the class; :func:`import_source`
+Each kind plugs in a detector in :data:`DETECTORS`: ``"ors"`` (a Python source of an ORS
+environment class) and ``"fleet"`` (a JSON file of Fleet tasks); ``verifiers`` will follow. :func:`detect` dispatches and picks the class; :func:`import_source`
 also validates the name and records the result with :mod:`openenv_gym.importers.catalog`.
 """
 
@@ -22,15 +22,20 @@ import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
 from openenv_gym.importers.catalog import CatalogEntry, add_entry, validate_name
+from openenv_gym.importers.fleet import detect_fleet_tasks, looks_like_fleet
 from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
 
 __all__ = ["Detected", "DETECTORS", "detect", "import_source"]
 
-_PLANNED_KINDS = ("verifiers", "fleet")
+_PLANNED_KINDS = ("verifiers",)
 
 
 class Detected(msgspec.Struct):
-    """The one environment class chosen from a source (``source`` is the resolved absolute path)."""
+    """The one environment chosen from a source (``source`` is the resolved absolute path).
+
+    For a Fleet task set ``env_class`` is empty and ``env_name`` is the environment key of its
+    first task.
+    """
 
     kind: str
     env_class: str
@@ -118,7 +123,18 @@ def _detect_ors(source: Path, env_class: str | None) -> Detected:
     )
 
 
-DETECTORS: dict[str, KindDetector] = {"ors": KindDetector(looks_like_ors, _detect_ors)}
+def _detect_fleet(source: Path, env_class: str | None) -> Detected:
+    if env_class is not None:
+        raise DetectionError("a Fleet task set has no environment classes; drop --env-class")
+    tasks, _splits = detect_fleet_tasks(source)
+    return Detected(kind="fleet", env_class="", env_name=tasks[0]["env_key"], module_file=source.name,
+                    sdk="fleet-python", source=str(source))
+
+
+DETECTORS: dict[str, KindDetector] = {
+    "ors": KindDetector(looks_like_ors, _detect_ors),
+    "fleet": KindDetector(looks_like_fleet, _detect_fleet),
+}
 
 
 def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: str | None = None) -> Detected:
@@ -169,7 +185,7 @@ def import_source(
         name=name,
         kind=found.kind,
         source=found.source,
-        env_class=found.env_class,
+        env_class=found.env_class or None,
         env_name=found.env_name,
         module_file=found.module_file,
         sdk=found.sdk,

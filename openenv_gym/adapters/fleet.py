@@ -1,0 +1,665 @@
+"""Fleet environments: instances provisioned by fleet-python, tools over MCP, reward from a verifier.
+
+Fleet hosts an environment as an *instance*: the orchestrator creates it (``AsyncFleet.make``),
+the agent acts through the MCP tools on the instance, and the task's verifier computes the reward
+on the orchestrator (reference/fleet.md). This adapter maps that onto the Gymnasium contract:
+
+* ``reset``: an instance for the task's env (a fresh one, or one kept from the previous episode
+  and reset, see ``reuse_instance``), one persistent MCP session to the modality's endpoint, the
+  task prompt as the opening message, and the MCP tools (filtered per modality) plus a local
+  ``submit_final_answer`` tool;
+* ``step``: tool calls go to MCP (errors, unknown tools and bad arguments come back as tool
+  messages); ``submit_final_answer`` runs the verifier and ends the episode with its reward;
+* ``close``: the instance is always deleted: on close, on errors, and at interpreter exit.
+
+SDK pitfalls handled here (reference/fleet.md §0): only the async objects are used (``AsyncFleet``,
+``AsyncEnv``, the async verifier), never mixed with the sync ones; both exception trees are
+caught; one client per process; HTTP retries only for transient statuses (429/5xx, connection
+errors) through the SDK's own transport, which keeps ``X-Request-ID`` across retries so a
+create whose answer was lost is deduplicated by the server instead of leaking an instance; a
+bad env key, version, API key or quota fails at once with Fleet's own message.
+
+Verifier code is Python from the task. By default it is never executed in this process: the
+source is shipped as a bundle and runs on the orchestrator. ``trust_verifier_code=True`` uses the
+SDK's ``Task.verify_detailed_async``, which also ``exec``s the source here first.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import atexit
+import json
+import os
+import re
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+from openenv_gym import runtime
+from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, user_message
+from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.mcp import MCPConnection, result_content, tool_spec
+from openenv_gym.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    ProvisioningError,
+    ServerError,
+    TaskNotFound,
+)
+from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
+
+__all__ = ["FleetAdapter", "load_tasks", "normalize_task", "make_env", "make_vec", "SUBMIT_TOOL"]
+
+MODALITIES = {"tool_use": (None, "mcp"), "computer_use": ("mcp", "api/v1/mcp")}
+"""modality -> (image_type sent to ``make``, MCP path under the instance root)."""
+
+SUBMIT_TOOL = ToolSpec(
+    name="submit_final_answer",
+    description="Submit your final answer and end the task. Call it once, when you are done.",
+    parameters={"type": "object", "properties": {"answer": {"type": "string", "description": "the final answer"}},
+                "required": ["answer"], "additionalProperties": False},
+)
+
+_SPLIT_TYPES = {"train": "train", "test": "test", "validation": "validation", "val": "validation", "dev": "validation"}
+_ACCUMULATOR = r">>> {0} >>>\n(.+?)\n<<< {0} <<<"
+
+
+# -- tasks ---------------------------------------------------------------------------------------
+
+def _split_version(key: str | None, version: str | None) -> tuple[str | None, str | None]:
+    if key and ":" in key and version is None:
+        key, version = key.split(":", 1)
+    return key, version
+
+
+def normalize_task(raw: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """A task in the shape this adapter uses, from Fleet's JSON or OpenEnv's task configs.
+
+    Accepts the spellings ``fleet.load_task_from_json`` accepts (``key|id|task_key``,
+    ``env_id|env_key``, ``verifier_func|verifier_code|verifier.code``, ...) plus ``split`` and
+    ``task_modality``. Nothing is executed.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"task {index} is not a JSON object")
+    verifier = raw.get("verifier_func") or raw.get("verifier_code")
+    if verifier is None and isinstance(raw.get("verifier"), dict):
+        verifier = raw["verifier"].get("code")
+    env_key, version = _split_version(raw.get("env_id") or raw.get("env_key"),
+                                      raw.get("version") or raw.get("env_version") or None)
+    data_key, data_version = _split_version(raw.get("data_id") or raw.get("data_key") or None,
+                                            raw.get("data_version") or None)
+    modality = raw.get("task_modality") or raw.get("modality") or None
+    if modality is not None and modality not in MODALITIES:
+        raise ConfigurationError(f"task {index}: modality {modality!r} is not supported; use tool_use or computer_use")
+    return {
+        "key": str(raw.get("key") or raw.get("id") or raw.get("task_key") or f"task-{index}"),
+        "prompt": raw.get("prompt") or "",
+        "env_key": env_key,
+        "version": version,
+        "data_key": data_key,
+        "data_version": data_version,
+        "env_variables": dict(raw.get("env_variables") or {}),
+        "verifier_func": verifier,
+        "modality": modality,
+        "split": str(raw.get("split") or "train"),
+        "metadata": dict(raw.get("metadata") or {}),
+    }
+
+
+def load_tasks(source: str | os.PathLike | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tasks from a Fleet task file (a JSON list, or ``{"tasks": [...]}``) or a list of dicts."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigurationError(f"task file {str(path)!r} does not exist") from None
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"task file {str(path)!r} is not readable JSON: {exc}") from None
+    else:
+        data = source
+    if isinstance(data, dict):
+        data = data.get("tasks", [data] if "prompt" in data else None)
+    if not isinstance(data, list):
+        raise ConfigurationError("a Fleet task file holds a JSON list of tasks (or {\"tasks\": [...]})")
+    return [normalize_task(t, i) for i, t in enumerate(data)]
+
+
+def _verifier_name(source: str) -> str:
+    """The verifier's function name, read with ``ast`` (never by running the code)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ConfigurationError(f"the verifier code does not parse: {exc}") from None
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not names:
+        raise ConfigurationError("the verifier code defines no function")
+    return "verify" if "verify" in names else names[0]
+
+
+def partial_credit(stdout: str | None) -> tuple[list[Any], list[Any]] | None:
+    """The SUCCESS/ERROR accumulator lists a verifier printed, or ``None`` if it printed none."""
+    if not stdout:
+        return None
+    found = []
+    for name in ("SUCCESS_ACCUMULATOR", "ERROR_ACCUMULATOR"):
+        match = re.search(_ACCUMULATOR.format(name), stdout, re.DOTALL)
+        value: list[Any] = []
+        if match:
+            try:
+                value = list(ast.literal_eval(match.group(1)))
+            except (ValueError, SyntaxError, TypeError):
+                value = []
+        found.append((match is not None, value))
+    if not (found[0][0] or found[1][0]):
+        return None
+    return found[0][1], found[1][1]
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+def _fleet_errors() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(fatal, timeout, every Fleet error) classes, from BOTH of the SDK's exception trees."""
+    import fleet._async.exceptions as aexc
+    import fleet.exceptions as sexc
+
+    fatal_names = ("FleetAuthenticationError", "FleetBadRequestError", "FleetPermissionError",
+                   "FleetInstanceLimitError", "FleetConfigurationError", "FleetConflictError")
+    fatal = tuple(getattr(m, n) for m in (sexc, aexc) for n in fatal_names if hasattr(m, n))
+    timeout = tuple(m.FleetTimeoutError for m in (sexc, aexc))
+    every = tuple(m.FleetError for m in (sexc, aexc))
+    return fatal, timeout, every
+
+
+def _translate(exc: BaseException, what: str) -> BaseException:
+    """A typed openenv_gym error for an SDK failure, keeping Fleet's own message."""
+    import httpx
+
+    fatal, timeout, every = _fleet_errors()
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, fatal):
+        return ProvisioningError(f"{what}: {type(exc).__name__}: {message}")
+    if isinstance(exc, (timeout, httpx.TimeoutException, asyncio.TimeoutError)):
+        return BackendTimeout(f"{what}: timed out: {message}")
+    if isinstance(exc, (httpx.TransportError, ConnectionError)):
+        return BackendUnavailable(f"{what}: {type(exc).__name__}: {message}")
+    if isinstance(exc, every):
+        return ServerError(f"{what}: {type(exc).__name__}: {message}")
+    return exc
+
+
+# -- the client and the instances ----------------------------------------------------------------
+
+_clients: dict[tuple[str, str, int, float], Any] = {}
+_clients_lock = threading.Lock()
+_live: weakref.WeakSet[FleetAdapter] = weakref.WeakSet()
+
+
+def _client(api_key: str, base_url: str | None, max_retries: int, backoff: float) -> Any:
+    """The process's ``AsyncFleet`` for these settings (one HTTP pool, not one per ``make``)."""
+    import httpx
+    import httpx_retries
+    from fleet import AsyncFleet
+
+    key = (base_url or "", api_key, max_retries, backoff)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            # The SDK's default retries 404 too (seconds lost on every bad route); transient only.
+            policy = httpx_retries.Retry(total=max_retries, status_forcelist=[429, 500, 502, 503, 504],
+                                         allowed_methods=["GET", "POST", "PATCH", "DELETE"],
+                                         backoff_factor=backoff)
+            transport = httpx_retries.RetryTransport(transport=httpx.AsyncHTTPTransport(retries=2), retry=policy)
+            http = httpx.AsyncClient(timeout=300.0, transport=transport)
+            client = _clients[key] = AsyncFleet(api_key=api_key, base_url=base_url, httpx_client=http)
+    return client
+
+
+class _Instance:
+    """One provisioned instance: the SDK's ``AsyncEnv``, its settings key and its heartbeat."""
+
+    def __init__(self, env: Any, key: tuple[Any, ...], heartbeat: float | None):
+        self.env = env
+        self.key = key
+        self.id: str = env.instance_id
+        self.heartbeat_task: asyncio.Task[None] | None = None
+        if heartbeat:
+            self.heartbeat_task = asyncio.create_task(self._beat(heartbeat), name=f"fleet-heartbeat {self.id}")
+
+    async def _beat(self, interval: float) -> None:
+        # With heartbeat_interval set, Fleet stops an instance that misses a beat: beat twice as often.
+        while True:
+            await asyncio.sleep(interval / 2)
+            try:
+                await self.env.heartbeat()
+            except Exception:
+                pass  # a missed beat is retried next time; a dead instance shows up on the next call
+
+    def mcp_url(self, modality: str) -> str:
+        root = self.env.urls.root if self.env.urls is not None else None
+        if not root:
+            raise ServerError(f"instance {self.id} has no URLs: it cannot serve MCP")
+        return root + MODALITIES[modality][1]
+
+    async def delete(self) -> None:
+        if self.heartbeat_task is not None:
+            self.heartbeat_task.cancel()
+        try:
+            await asyncio.wait_for(self.env.close(), 60.0)
+        except Exception:
+            pass  # close() is best effort: the TTL ends an instance we could not reach
+
+
+class FleetAdapter(Adapter):
+    """Fleet environments through fleet-python and MCP.
+
+    Args:
+        env_key, version, data_key, data_version: the environment to provision (defaults for
+            tasks that do not name their own; ``"env:1.2.0"`` also works).
+        tasks: a Fleet task file (JSON) or a list of task dicts; their ``split`` keys make the
+            splits (default ``train``).
+        task: a single task dict (an alternative to ``tasks``).
+        prompt: the opening message when there are no tasks (an env without a verifier: reward 0).
+        modality: ``tool_use`` (the instance's API tools) or ``computer_use`` (the ``computer``
+            tool of the MCP image); a task's ``task_modality`` overrides it.
+        api_key, base_url: default to ``FLEET_API_KEY`` / ``FLEET_BASE_URL``; never stored in the
+            spec or logged.
+        ttl_seconds, heartbeat_interval, region, run_id, env_variables: passed to ``make``.
+        reuse_instance: keep an episode's instance for the next episode of the same env (reset
+            through the instance manager, seconds cheaper than a create); ``False``: a new
+            instance every episode.
+        trust_verifier_code: run verifiers through the SDK path that also executes the code in
+            this process (only for task files you trust); default: remote execution only.
+        partial_credit: when the verifier prints SUCCESS/ERROR accumulators and fails, the
+            reward is the share of passed checks instead of 0.
+        max_retries, retry_backoff: transport retries of transient HTTP failures.
+        create_timeout: seconds a create may take (the SDK's default is 15 minutes).
+        mcp_timeout: seconds one MCP call may take.
+        system_prompt: an optional system message before the task prompt.
+    """
+
+    kind = "fleet"
+
+    def __init__(
+        self,
+        *,
+        env_key: str | None = None,
+        version: str | None = None,
+        data_key: str | None = None,
+        data_version: str | None = None,
+        tasks: str | os.PathLike | list[dict[str, Any]] | None = None,
+        task: dict[str, Any] | None = None,
+        prompt: str | None = None,
+        modality: str = "tool_use",
+        api_key: str | None = None,
+        base_url: str | None = None,
+        ttl_seconds: int | None = None,
+        heartbeat_interval: int | None = None,
+        region: str | None = None,
+        run_id: str | None = None,
+        env_variables: dict[str, Any] | None = None,
+        reuse_instance: bool = True,
+        trust_verifier_code: bool = False,
+        partial_credit: bool = True,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
+        create_timeout: float = 900.0,
+        mcp_timeout: float = 120.0,
+        system_prompt: str | None = None,
+    ):
+        super().__init__()
+        if modality not in MODALITIES:
+            raise ConfigurationError(f"modality must be one of {sorted(MODALITIES)}, not {modality!r}")
+        self._api_key = api_key or os.environ.get("FLEET_API_KEY")
+        if not self._api_key:
+            raise ConfigurationError("a Fleet API key is needed: pass api_key= or set FLEET_API_KEY")
+        self.base_url = (base_url or os.environ.get("FLEET_BASE_URL") or None)
+        if self.base_url:
+            self.base_url = self.base_url.rstrip("/")  # the SDK concatenates paths onto it
+        env_key, version = _split_version(env_key, version)
+        data_key, data_version = _split_version(data_key, data_version)
+        if tasks is not None and task is not None:
+            raise ConfigurationError("pass tasks= or task=, not both")
+        if tasks is not None:
+            self._tasks = load_tasks(tasks)
+        elif task is not None:
+            self._tasks = [normalize_task(task)]
+        else:
+            if not env_key:
+                raise ConfigurationError("Fleet-v0 needs env_key=, a task= or a tasks= file")
+            self._tasks = [normalize_task({"key": env_key, "prompt": prompt or ""})]
+        for t in self._tasks:
+            t["env_key"] = t["env_key"] or env_key
+            t["version"] = t["version"] or version
+            t["data_key"] = t["data_key"] or data_key
+            t["data_version"] = t["data_version"] or data_version
+            t["modality"] = t["modality"] or modality
+            t["env_variables"] = {**(env_variables or {}), **t["env_variables"]}
+            if not t["env_key"]:
+                raise ConfigurationError(f"task {t['key']!r} names no environment: pass env_key=")
+        self.modality = modality
+        self.options = {"ttl_seconds": ttl_seconds, "heartbeat_interval": heartbeat_interval,
+                        "region": region, "run_id": run_id}
+        self.reuse_instance = reuse_instance
+        self.trust_verifier_code = trust_verifier_code
+        self.partial_credit = partial_credit
+        self.max_retries = max_retries
+        self.retry_backoff = retry_backoff
+        self.create_timeout = create_timeout
+        self.mcp_timeout = mcp_timeout
+        self.system_prompt = system_prompt
+        self._fleet: Any = None
+        self._idle: list[_Instance] = []
+        self._busy: set[_Instance] = set()
+        self._closed = False
+        self._verifiers: dict[str, Any] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            import fleet  # noqa: F401
+            import mcp  # noqa: F401
+        except ImportError as exc:
+            raise ConfigurationError(f"Fleet environments need the fleet extra: pip install 'openenv-gym[fleet]' ({exc})") from None
+        self._fleet = _client(self._api_key, self.base_url, self.max_retries, self.retry_backoff)
+        _live.add(self)
+
+    async def aclose(self) -> None:
+        """Delete every instance this adapter holds (idle or in use). Idempotent."""
+        self._closed = True
+        instances, self._idle = [*self._idle, *self._busy], []
+        self._busy.clear()
+        await asyncio.gather(*(i.delete() for i in instances), return_exceptions=True)
+        _live.discard(self)
+
+    def episode(self) -> Episode:
+        return FleetEpisode(self)
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.kind, "modality": self.modality}
+
+    # -- tasks -----------------------------------------------------------------------------------
+    async def tools(self) -> list[ToolSpec]:
+        # The tools live on an instance; listing them here would provision one just to look.
+        # Episodes report the real list at reset (info["tools"]).
+        return [SUBMIT_TOOL]
+
+    async def _fetch_splits(self) -> list[Split]:
+        names = list(dict.fromkeys(t["split"] for t in self._tasks))
+        return [Split(name=n, type=_SPLIT_TYPES.get(n, "validation")) for n in names]
+
+    async def _fetch_num_tasks(self, split: str) -> int:
+        return sum(1 for t in self._tasks if t["split"] == split)
+
+    async def task(self, split: str, index: int) -> dict[str, Any]:
+        tasks = [t for t in self._tasks if t["split"] == split]
+        if not 0 <= index < len(tasks):
+            raise TaskNotFound(f"split {split!r} has no task {index}")
+        return dict(tasks[index])
+
+    # -- instances -------------------------------------------------------------------------------
+    @staticmethod
+    def _instance_key(task: dict[str, Any]) -> tuple[Any, ...]:
+        return (task["env_key"], task["version"], task["data_key"], task["data_version"], task["modality"],
+                json.dumps(task["env_variables"], sort_keys=True))
+
+    async def acquire(self, task: dict[str, Any]) -> tuple[_Instance, bool]:
+        """An instance for ``task``: a kept one, reset, or a new one. Returns (instance, reused)."""
+        if self._closed:
+            raise BackendError("the Fleet adapter is closed")
+        key = self._instance_key(task)
+        while self.reuse_instance:
+            kept = next((i for i in self._idle if i.key == key), None)
+            if kept is None:
+                break
+            self._idle.remove(kept)
+            try:
+                await asyncio.wait_for(kept.env.reset(), 120.0)
+            except Exception:
+                await kept.delete()  # a kept instance that cannot reset is replaced
+                continue
+            self._busy.add(kept)
+            return kept, True
+        env_key = task["env_key"] + (f":{task['version']}" if task["version"] else "")
+        data_key = None
+        if task["data_key"]:
+            data_key = task["data_key"] + (f":{task['data_version']}" if task["data_version"] else "")
+        try:
+            env = await self._fleet.make(
+                env_key, data_key=data_key, image_type=MODALITIES[task["modality"]][0],
+                env_variables=task["env_variables"] or None, timeout=self.create_timeout,
+                max_wait_seconds=max(1, int(self.create_timeout) - 30), **self.options)
+        except Exception as exc:
+            raise _translate(exc, f"creating a {env_key!r} instance failed") from exc
+        instance = _Instance(env, key, self.options["heartbeat_interval"])
+        self._busy.add(instance)
+        if self._closed:  # closed while the create was in flight
+            await self.release(instance, keep=False)
+            raise BackendError("the Fleet adapter is closed")
+        return instance, False
+
+    async def release(self, instance: _Instance, *, keep: bool) -> None:
+        """Give an instance back: kept for reuse (if configured and healthy) or deleted."""
+        self._busy.discard(instance)
+        if keep and self.reuse_instance and not self._closed:
+            self._idle.append(instance)
+        else:
+            await instance.delete()
+
+    # -- reward ----------------------------------------------------------------------------------
+    async def verify(self, instance: _Instance, task: dict[str, Any], final_answer: str | None) -> tuple[float, dict[str, Any]]:
+        """Run the task's verifier on the instance; (reward, info about the run)."""
+        source = task["verifier_func"]
+        if not source:
+            return 0.0, {"verifier": "none"}
+        try:
+            if self.trust_verifier_code:
+                from fleet import Task
+
+                response = await Task(key=task["key"], prompt=task["prompt"], env_id=task["env_key"],
+                                      version=task["version"], verifier_func=source
+                                      ).verify_detailed_async(instance.env, final_answer=final_answer)
+            else:
+                response = await self._remote_verifier(task).remote_with_response(instance.env, final_answer=final_answer)
+        except Exception as exc:
+            raise _translate(exc, f"running the verifier of task {task['key']!r} failed") from exc
+        data = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+        stdout = data.get("stdout")
+        run = {"success": bool(data.get("success")), "result": data.get("result"),
+               "execution_time_ms": data.get("execution_time_ms"), "stdout": stdout}
+        if not data.get("success"):
+            error = data.get("error") or {}
+            if not isinstance(error, dict):
+                error = {"message": str(error)}
+            run["error"] = {"type": error.get("type") or "VerifierError", "message": error.get("message") or "the verifier failed"}
+            return 0.0, run
+        result = data.get("result")
+        if isinstance(result, dict):
+            result = result.get("score", 0.0)
+        try:
+            score = 1.0 if result is None else float(result)
+        except (TypeError, ValueError):
+            run["error"] = {"type": "VerifierError", "message": f"the verifier returned {result!r}, not a number"}
+            return 0.0, run
+        credit = partial_credit(stdout)
+        if credit is not None:
+            passed, failed = credit
+            run["checks_passed"], run["checks_failed"] = len(passed), len(failed)
+            if self.partial_credit and score < 1.0 and passed:
+                score = max(score, len(passed) / (len(passed) + len(failed)))
+                run["partial_credit"] = True
+        return score, run
+
+    def _remote_verifier(self, task: dict[str, Any]) -> Any:
+        """The SDK's verifier object for ``task``, built from the raw source without running it."""
+        cached = self._verifiers.get(task["key"])
+        if cached is not None and cached[0] == task["verifier_func"]:
+            return cached[1]
+        from fleet._async.verifiers.verifier import AsyncVerifierFunction
+
+        name = _verifier_name(task["verifier_func"])
+
+        def placeholder(env: Any, *args: Any, **kwargs: Any) -> None:  # never called: runs remotely
+            raise RuntimeError("remote-only verifier")
+
+        placeholder.__name__ = placeholder.__qualname__ = name
+        verifier = AsyncVerifierFunction(placeholder, key=task["key"], raw_code=task["verifier_func"])
+        self._verifiers[task["key"]] = (task["verifier_func"], verifier)
+        return verifier
+
+    @property
+    def mcp_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"}
+
+
+class FleetEpisode(Episode):
+    """One task on one instance, with one MCP session."""
+
+    def __init__(self, adapter: FleetAdapter):
+        self.adapter = adapter
+        self.instance: _Instance | None = None
+        self.mcp: MCPConnection | None = None
+        self.task: dict[str, Any] = {}
+        self.tools: dict[str, ToolSpec] = {}
+        self.finished = False
+        self.healthy = True
+
+    async def start(self, task: TaskRef) -> Opening:
+        adapter = self.adapter
+        if task.spec is not None:
+            spec = normalize_task(task.spec)
+            for key in ("env_key", "version", "data_key", "data_version", "modality"):
+                spec[key] = spec[key] or (adapter._tasks[0][key] if adapter._tasks else None)
+            if not spec["env_key"]:
+                raise ConfigurationError("the task names no environment (env_key)")
+            spec["modality"] = spec["modality"] or adapter.modality
+        else:
+            spec = await adapter.task(task.split or await adapter.default_split(), task.index or 0)
+        self.task = spec
+        self.instance, reused = await adapter.acquire(spec)
+        try:
+            self.mcp = MCPConnection(self.instance.mcp_url(spec["modality"]), adapter.mcp_headers,
+                                     timeout=adapter.mcp_timeout)
+            await self.mcp.connect()
+            tools = [tool_spec(t) for t in await self.mcp.list_tools()]
+        except BaseException as exc:
+            self.healthy = False
+            await self.aclose()
+            raise _translate(exc, "opening the instance's MCP session failed") if isinstance(exc, Exception) else exc
+        if spec["modality"] == "computer_use":
+            tools = [t for t in tools if t.name == "computer"]
+        else:
+            tools = [t for t in tools if t.name != "computer"]
+        tools = [t for t in tools if t.name != SUBMIT_TOOL.name] + [SUBMIT_TOOL]
+        self.tools = {t.name: t for t in tools}
+        messages: list[Message] = []
+        if adapter.system_prompt:
+            messages.append({"role": "system", "content": adapter.system_prompt})
+        messages.append(user_message(spec["prompt"]))
+        info = {"instance_id": self.instance.id, "instance_reused": reused, "env_key": spec["env_key"],
+                "modality": spec["modality"]}
+        return Opening(messages=messages, tools=tools, task_id=spec["key"], info=info)
+
+    async def step(self, turn: Turn) -> Outcome:
+        if self.instance is None or self.mcp is None:
+            raise BackendError("the episode has no instance (it has not started, or it failed and was closed)")
+        try:
+            return await self._step(turn)
+        except BaseException:
+            # The episode cannot go on; its instance must not outlive it (nor go back to the pool).
+            self.healthy = False
+            await asyncio.shield(self.aclose())
+            raise
+
+    async def _step(self, turn: Turn) -> Outcome:
+        assert self.mcp is not None
+        if turn.error is not None:
+            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")])
+        if not turn.calls:
+            return Outcome([user_message(
+                "No tool call found in your message. Act through the tools, and call "
+                f"{SUBMIT_TOOL.name} with your answer when you are done.")], info={"invalid_action": "no_tool_call"})
+        messages: list[Message] = []
+        results: list[dict[str, Any]] = []
+        info: dict[str, Any] = {"calls": results}
+        reward = 0.0
+        for call in turn.calls:
+            if self.finished:
+                messages.append(tool_message(call.id, call.name, "Not run: the episode has already finished."))
+                results.append({"name": call.name, "ok": False, "reason": "episode_finished"})
+                continue
+            problem = check_call(call, self.tools)
+            if problem is not None:
+                messages.append(tool_message(call.id, call.name, problem))
+                results.append({"name": call.name, "ok": False, "reason": "invalid_call", "error": problem})
+                continue
+            if call.name == SUBMIT_TOOL.name:
+                reward, run = await self._submit(call)
+                info["verifier"] = run
+                if "error" in run:
+                    info["error"] = run["error"]
+                messages.append(tool_message(call.id, call.name, "Answer submitted."))
+                results.append({"name": call.name, "ok": True, "reward": reward})
+                continue
+            try:
+                result = await self.mcp.call_tool(call.name, call.arguments or {})
+            except Exception as exc:
+                raise _translate(exc, f"the MCP call {call.name!r} failed") from exc
+            content, is_error = result_content(result)
+            messages.append(tool_message(call.id, call.name, content))
+            results.append({"name": call.name, "ok": not is_error})
+        return Outcome(messages, reward=reward, terminated=self.finished, info=info)
+
+    async def _submit(self, call: ParsedCall) -> tuple[float, dict[str, Any]]:
+        assert self.instance is not None
+        answer = (call.arguments or {}).get("answer")
+        answer = answer if isinstance(answer, str) or answer is None else json.dumps(answer)
+        self.finished = True
+        return await self.adapter.verify(self.instance, self.task, answer)
+
+    async def aclose(self) -> None:
+        mcp, self.mcp = self.mcp, None
+        if mcp is not None:
+            await mcp.aclose()
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            await self.adapter.release(instance, keep=self.healthy)
+
+
+def _delete_leftovers() -> None:
+    """At interpreter exit, delete the instances of adapters nobody closed."""
+    adapters = list(_live)
+    if not adapters:
+        return
+
+    async def close_all() -> None:
+        await asyncio.gather(*(a.aclose() for a in adapters), return_exceptions=True)
+
+    try:
+        runtime.run_sync(close_all(), 60.0)
+    except Exception:
+        pass
+
+
+atexit.register(_delete_leftovers)
+
+
+# -- Gymnasium entry points ----------------------------------------------------------------------
+
+def make_env(*, split: str | None = None, max_turns: int | None = None, render_mode: str | None = None,
+             **adapter_kwargs: Any):
+    """Gymnasium entry point of ``openenv/Fleet-v0`` and of imported Fleet task sets."""
+    from openenv_gym.env import AgentEnv
+
+    return AgentEnv(FleetAdapter(**adapter_kwargs), split=split, max_turns=max_turns, render_mode=render_mode)
+
+
+def make_vec(num_envs: int = 1, **kwargs: Any):
+    """Gymnasium vector entry point: sub-envs share one adapter (one Fleet client, one instance pool)."""
+    from openenv_gym.vector import make_entry
+
+    return make_entry("openenv_gym.adapters.fleet:FleetAdapter", num_envs, **kwargs)
