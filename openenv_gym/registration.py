@@ -5,9 +5,11 @@ places:
 
 1. built-ins: ``openenv/ORS-v0`` (any ORS server or source, by kwargs), ``openenv/Fleet-v0`` (any
    Fleet environment or task set, by kwargs) and the bundled examples;
-2. the user's catalog of imported sources (``openenv-gym import``);
+2. installed Verifiers environment packages (distributions that depend on ``verifiers``);
 3. installed packages exposing the entry-point group ``openenv_gym.envs``: each entry point is a
-   callable returning an iterable of dicts with ``id``, ``entry_point`` and optional ``kwargs``.
+   callable returning an iterable of dicts with ``id``, ``entry_point`` and optional ``kwargs``;
+4. the user's catalog of imported sources (``openenv-gym import``), last, so that a name the user
+   chose wins over a discovered one.
 
 Every id lives in the ``openenv`` namespace, is registered ``nondeterministic=True`` (a remote
 backend may answer differently for the same seed) and with ``order_enforce=False``: AgentEnv
@@ -35,13 +37,13 @@ _EXAMPLES = Path(__file__).parent / "examples"
 ENTRY_POINTS: dict[str, str] = {
     "ors": "openenv_gym.adapters.ors:make_env",
     "fleet": "openenv_gym.adapters.fleet:make_env",
+    "verifiers": "openenv_gym.adapters.verifiers:make_env",
 }
 VECTOR_ENTRY_POINTS: dict[str, str] = {
     "ors": "openenv_gym.adapters.ors:make_vec",
     "fleet": "openenv_gym.adapters.fleet:make_vec",
+    "verifiers": "openenv_gym.adapters.verifiers:make_vec",
 }
-# the kwarg that carries a catalog entry's source path, per kind
-SOURCE_KWARG: dict[str, str] = {"ors": "source", "fleet": "tasks"}
 
 
 def env_id(name: str) -> str:
@@ -66,9 +68,10 @@ def _register(id: str, entry_point: str, kwargs: dict[str, Any], **extra: Any) -
 
 
 def register_builtins() -> None:
-    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0`` and the bundled example environments."""
+    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0``, ``openenv/Verifiers-v0`` and the examples."""
     _register(env_id("ORS"), ENTRY_POINTS["ors"], {})
     _register(env_id("Fleet"), ENTRY_POINTS["fleet"], {})
+    _register(env_id("Verifiers"), ENTRY_POINTS["verifiers"], {})
     _register(
         env_id("Arithmetic"),
         ENTRY_POINTS["ors"],
@@ -91,12 +94,42 @@ def register_catalog() -> list[str]:
         if entry_point is None:
             warnings.warn(f"openenv_gym: catalog entry {entry.name!r} has unknown kind {entry.kind!r}", stacklevel=2)
             continue
-        kwargs: dict[str, Any] = {SOURCE_KWARG.get(entry.kind, "source"): entry.source, **entry.options}
-        for key in ("env_class", "env_name", "module_file") if entry.kind == "ors" else ():
-            if getattr(entry, key, None):
-                kwargs[key] = getattr(entry, key)
-        _register(env_id(entry.name), entry_point, kwargs)
+        _register(env_id(entry.name), entry_point, {**_catalog_kwargs(entry), **entry.options})
         ids.append(env_id(entry.name))
+    return ids
+
+
+def _catalog_kwargs(entry: Any) -> dict[str, Any]:
+    """The ``gym.make`` kwargs that rebuild a catalog entry, per kind."""
+    if entry.kind == "fleet":
+        return {"tasks": entry.source}
+    if entry.kind == "verifiers":
+        return {"source": entry.source, "generation": entry.sdk}
+    kwargs = {"source": entry.source}
+    for key in ("env_class", "env_name", "module_file"):
+        if getattr(entry, key, None):
+            kwargs[key] = getattr(entry, key)
+    return kwargs
+
+
+def register_verifiers_packages() -> list[str]:
+    """Register installed Verifiers environment packages as ``openenv/<distribution>-v0``.
+
+    Discovery reads installed metadata only (cached per set of installed distributions); the
+    environments are loaded when made. A failure only warns: it must not break the import.
+    """
+    from openenv_gym.importers.verifiers import discover_installed
+
+    try:
+        found = discover_installed()
+    except Exception as exc:
+        warnings.warn(f"openenv_gym: Verifiers discovery failed: {exc!r}", stacklevel=2)
+        return []
+    ids = []
+    for env in found:
+        id = env_id(env["name"])
+        _register(id, ENTRY_POINTS["verifiers"], {"env_id": env["module"], "generation": env["generation"]})
+        ids.append(id)
     return ids
 
 
@@ -116,6 +149,7 @@ def register_entry_points() -> list[str]:
 def register_all() -> None:
     """Register built-ins, the catalog and entry points (called by ``import openenv_gym``)."""
     register_builtins()
+    register_verifiers_packages()
     register_entry_points()
     register_catalog()
 

@@ -6,7 +6,8 @@ statically, before anything is launched, so a bad source fails at ``openenv-gym 
 explanation instead of at ``gym.make`` with a server traceback.
 
 Each kind plugs in a detector in :data:`DETECTORS`: ``"ors"`` (a Python source of an ORS
-environment class) and ``"fleet"`` (a JSON file of Fleet tasks); ``verifiers`` will follow. :func:`detect` dispatches and picks the class; :func:`import_source`
+environment class), ``"fleet"`` (a JSON file of Fleet tasks) and ``"verifiers"`` (a legacy
+``load_environment`` module or a v1 Taskset package). :func:`detect` dispatches and picks the class; :func:`import_source`
 also validates the name and records the result with :mod:`openenv_gym.importers.catalog`.
 """
 
@@ -24,11 +25,9 @@ from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
 from openenv_gym.importers.catalog import CatalogEntry, add_entry, validate_name
 from openenv_gym.importers.fleet import detect_fleet_tasks, looks_like_fleet
 from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
+from openenv_gym.importers.verifiers import detect_verifiers, looks_like_verifiers
 
 __all__ = ["Detected", "DETECTORS", "detect", "import_source"]
-
-_PLANNED_KINDS = ("verifiers",)
-
 
 class Detected(msgspec.Struct):
     """The one environment chosen from a source (``source`` is the resolved absolute path).
@@ -131,9 +130,18 @@ def _detect_fleet(source: Path, env_class: str | None) -> Detected:
                     sdk="fleet-python", source=str(source))
 
 
+def _detect_verifiers(source: Path, env_class: str | None) -> Detected:
+    found = detect_verifiers(source)
+    if env_class is not None and env_class != found.entry:
+        raise DetectionError(f"{source} defines {found.entry}, not {env_class!r}")
+    return Detected(kind="verifiers", env_class=found.entry, env_name=found.module,
+                    module_file=Path(found.path).name, sdk=found.generation, source=found.path)
+
+
 DETECTORS: dict[str, KindDetector] = {
     "ors": KindDetector(looks_like_ors, _detect_ors),
     "fleet": KindDetector(looks_like_fleet, _detect_fleet),
+    "verifiers": KindDetector(looks_like_verifiers, _detect_verifiers),
 }
 
 
@@ -150,9 +158,7 @@ def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: s
     supported = ", ".join(repr(k) for k in DETECTORS)
     if kind is not None:
         if kind not in DETECTORS:
-            later = [k for k in _PLANNED_KINDS if k not in DETECTORS]
-            note = f" ({' and '.join(later)} importers are not available yet)" if later else ""
-            raise DetectionError(f"unsupported kind {kind!r}; supported kinds now: {supported}{note}")
+            raise DetectionError(f"unsupported kind {kind!r}; supported kinds: {supported}")
         return DETECTORS[kind].detect(path, env_class)
     matching = [k for k, d in DETECTORS.items() if d.looks_like(path)]
     if len(matching) == 1:

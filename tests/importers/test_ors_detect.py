@@ -626,8 +626,8 @@ def test_missing_source(tmp_path: Path) -> None:
 
 def test_unsupported_kind(tmp_path: Path) -> None:
     with pytest.raises(DetectionError, match="'ors'") as info:
-        detect(tmp_path, kind="verifiers")
-    assert "verifiers" in str(info.value)
+        detect(tmp_path, kind="openenv")
+    assert "'openenv'" in str(info.value) and "'verifiers'" in str(info.value)
 
 
 def test_nothing_found_says_what_was_looked_for(tmp_path: Path) -> None:

@@ -1,0 +1,297 @@
+"""Static detection of Verifiers environments, and discovery of the installed ones.
+
+Verifiers has two incompatible generations (reference/verifiers.md §0, §4), told apart here from
+the syntax tree alone (nothing is imported or run):
+
+* **v0** (legacy, ``verifiers<0.4``): a module or package with a top-level
+  ``def load_environment(...)`` that imports ``verifiers`` (not ``verifiers.v1``);
+* **v1** (``verifiers.v1``, 0.2-0.4): a package whose ``__init__.py`` exports, in ``__all__``,
+  a class deriving from ``verifiers.v1.Taskset`` (the loader's hard requirement);
+* the pre-0.2 "early v1" shape (module-level ``load_taskset``/``load_environment(config)`` on
+  ``verifiers.v1``) is recognised only to say it is not supported.
+
+Discovery: installed distributions that depend on ``verifiers`` are environments (that is how
+``prime env install`` and ``vf-install`` ship them). Finding them means reading every
+distribution's metadata, so the result is cached in a file keyed by the *set* of installed
+distributions (the names of the ``*.dist-info`` entries on ``sys.path``, which carry versions):
+``import openenv_gym`` then costs one directory listing per path entry.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import msgspec
+
+from openenv_gym.errors import DetectionError
+from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
+
+__all__ = ["VerifiersSource", "detect_verifiers", "looks_like_verifiers", "discover_installed", "cache_path"]
+
+_V1 = "verifiers.v1"
+_REQ = re.compile(r"^\s*verifiers\b(?![-_.a-zA-Z0-9])", re.IGNORECASE)
+
+
+class VerifiersSource(msgspec.Struct, omit_defaults=True):
+    """One Verifiers environment found statically.
+
+    ``module`` is the importable name; ``root`` the directory to put on ``sys.path`` for it;
+    ``entry`` the ``load_environment`` function (v0) or the Taskset class (v1).
+    """
+
+    generation: str
+    module: str
+    root: str
+    entry: str
+    path: str
+
+
+def _imports_verifiers(mod: Module) -> tuple[bool, bool]:
+    """(imports legacy verifiers, imports verifiers.v1)."""
+    targets = set(mod.aliases.values())
+    v1 = any(t == _V1 or t.startswith(_V1 + ".") for t in targets)
+    legacy = any((t == "verifiers" or t.startswith("verifiers.")) and not (t == _V1 or t.startswith(_V1 + "."))
+                 for t in targets)
+    return legacy, v1
+
+
+def _qual(mod: Module, node: ast.expr) -> str | None:
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    if isinstance(node, ast.Name):
+        return mod.aliases.get(node.id, f"{mod.name}.{node.id}" if node.id in mod.classes else None)
+    if isinstance(node, ast.Attribute):
+        base = _qual(mod, node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def _module_of(path: Path, root: Path) -> Module | None:
+    tree = parse_file(path)
+    if tree is None:
+        return None
+    return Module.build(path.relative_to(root).as_posix(), tree)
+
+
+def _v0_entry(mod: Module) -> bool:
+    legacy, v1 = _imports_verifiers(mod)
+    defs = {n.name: n for n in top_level(mod.tree.body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if "load_environment" not in defs:
+        return False
+    if legacy and not v1:
+        return True
+    if v1 and ("load_taskset" in defs or "load_harness" in defs):
+        raise DetectionError(
+            f"{mod.rel} is written for the early verifiers.v1 API (verifiers 0.1.x: module-level "
+            "load_taskset/load_environment(config)), which openenv_gym does not support; port it to a "
+            "v1 Taskset package (verifiers >= 0.2) or to a legacy load_environment module"
+        )
+    return False
+
+
+def _all_names(mod: Module) -> list[str]:
+    value = mod.assigns.get("__all__")
+    if isinstance(value, (ast.List, ast.Tuple)):
+        return [e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def _is_taskset(pkg: Path, mod: Module, name: str, depth: int = 0) -> bool:
+    """Whether ``name`` (as seen from ``mod``) is a class deriving from ``verifiers.v1.Taskset``."""
+    if depth > 6:
+        return False
+    node = mod.classes.get(name)
+    if node is None:
+        target = mod.aliases.get(name)
+        if target is None:
+            return False
+        # a re-export: `from .taskset import MyTaskset` inside the package
+        modpart, _, cls = target.rpartition(".")
+        sub = modpart[len(pkg.name) + 1:] if modpart.startswith(pkg.name + ".") else modpart.split(".")[-1]
+        for cand in (pkg / f"{sub.replace('.', '/')}.py", pkg / sub.replace(".", "/") / "__init__.py"):
+            if cand.is_file():
+                other = _module_of(cand, pkg.parent)
+                return other is not None and _is_taskset(pkg, other, cls, depth + 1)
+        return False
+    for base in node.bases:
+        q = _qual(mod, base)
+        if q in (f"{_V1}.Taskset", f"{_V1}.taskset.Taskset"):
+            return True
+        if q and q.startswith(mod.name + ".") and _is_taskset(pkg, mod, q.rpartition(".")[2], depth + 1):
+            return True
+    return False
+
+
+def _detect_package(pkg: Path) -> VerifiersSource | None:
+    init = pkg / "__init__.py"
+    mod = _module_of(init, pkg.parent) if init.is_file() else None
+    if mod is None:
+        return None
+    for name in _all_names(mod):
+        if _is_taskset(pkg, mod, name):
+            return VerifiersSource("v1", pkg.name, str(pkg.parent), name, str(pkg))
+    if _v0_entry(mod):
+        return VerifiersSource("v0", pkg.name, str(pkg.parent), "load_environment", str(pkg))
+    return None
+
+
+def _detect_file(path: Path) -> VerifiersSource | None:
+    mod = _module_of(path, path.parent)
+    if mod is not None and _v0_entry(mod):
+        return VerifiersSource("v0", path.stem, str(path.parent), "load_environment", str(path))
+    return None
+
+
+def detect_verifiers(source: str | os.PathLike[str]) -> VerifiersSource:
+    """The Verifiers environment in ``source`` (a module file, a package, or a project folder)."""
+    path = Path(source).resolve()
+    found: list[VerifiersSource] = []
+    if path.is_file():
+        hit = _detect_file(path) if path.suffix == ".py" else None
+        if hit is None and path.name == "__init__.py":
+            hit = _detect_package(path.parent)
+        found = [hit] if hit else []
+    elif path.is_dir():
+        hit = _detect_package(path) if (path / "__init__.py").is_file() else None
+        if hit is not None:
+            found = [hit]
+        else:
+            # a project folder: top-level modules and packages (environments/my_env/my_env.py, ...)
+            for child in sorted(path.iterdir()):
+                if child.name.startswith((".", "_")) or child.name in ("tests", "test"):
+                    continue
+                if child.is_dir() and (child / "__init__.py").is_file():
+                    hit = _detect_package(child)
+                elif child.suffix == ".py":
+                    hit = _detect_file(child)
+                else:
+                    hit = None
+                if hit:
+                    found.append(hit)
+    if not found:
+        raise DetectionError(
+            f"no Verifiers environment found in {path}: looked for a module with a top-level "
+            "load_environment() that imports verifiers (legacy v0), or a package whose __all__ exports "
+            "a verifiers.v1 Taskset subclass (v1)"
+        )
+    if len(found) > 1:
+        raise DetectionError(f"{path} holds several Verifiers environments ({', '.join(f.module for f in found)}); "
+                             "import one of them by its file or package path")
+    return found[0]
+
+
+_IMPORT_HINT = re.compile(r"^\s*(import|from)\s+verifiers\b", re.MULTILINE)
+
+
+def looks_like_verifiers(path: Path) -> bool:
+    """A cheap check: some Python file under ``path`` imports ``verifiers``."""
+    files = [path] if path.is_file() else list(iter_python_files(path)) if path.is_dir() else []
+    for f in files[:200]:
+        try:
+            if f.suffix == ".py" and _IMPORT_HINT.search(f.read_text(errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+# -- discovery of installed environment packages -------------------------------------------------
+
+def cache_path() -> Path:
+    """``$OPENENV_GYM_CACHE`` or ``$XDG_CACHE_HOME/openenv_gym``, file ``verifiers-envs.json``."""
+    base = os.environ.get("OPENENV_GYM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "openenv_gym")
+    return Path(base) / "verifiers-envs.json"
+
+
+def _fingerprint(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for entry in paths:
+        try:
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        digest.update(entry.encode() + b"\0" + "\0".join(names).encode() + b"\1")
+    return digest.hexdigest()
+
+
+def _depends_on_verifiers(dist: metadata.Distribution) -> bool:
+    return any(_REQ.match(r) and "extra ==" not in r for r in dist.requires or ())
+
+
+def _top_modules(dist: metadata.Distribution) -> list[str]:
+    text = dist.read_text("top_level.txt")
+    if text:
+        return [n.strip() for n in text.splitlines() if n.strip()]
+    names = []
+    for f in dist.files or ():
+        parts = f.parts
+        if len(parts) == 1 and parts[0].endswith(".py"):
+            names.append(parts[0][:-3])
+        elif len(parts) > 1 and parts[1] == "__init__.py" and not parts[0].endswith((".dist-info", ".egg-info")):
+            names.append(parts[0])
+    return names
+
+
+def _locate(dist: metadata.Distribution, module: str, paths: list[str]) -> Path | None:
+    for entry in paths:
+        base = Path(entry or ".")
+        for cand in (base / module / "__init__.py", base / f"{module}.py"):
+            if cand.is_file():
+                return cand.parent if cand.name == "__init__.py" else cand
+    return None
+
+
+def _scan(paths: list[str]) -> list[dict[str, str]]:
+    found: dict[str, dict[str, str]] = {}
+    for dist in metadata.distributions(path=paths):
+        name = dist.metadata.get("Name")
+        if not name or name.lower() in found or not _depends_on_verifiers(dist):
+            continue
+        for module in _top_modules(dist):
+            where = _locate(dist, module, paths)
+            if where is None:
+                continue
+            try:
+                hit = detect_verifiers(where)
+            except DetectionError:
+                continue
+            found[name.lower()] = {"name": name, "module": hit.module, "generation": hit.generation,
+                                   "version": dist.version}
+            break
+    return sorted(found.values(), key=lambda e: e["name"].lower())
+
+
+def discover_installed(paths: list[str] | None = None, *, use_cache: bool = True) -> list[dict[str, str]]:
+    """Installed Verifiers environment packages: ``name``, ``module``, ``generation``, ``version``.
+
+    Cached in :func:`cache_path` under a fingerprint of the installed distributions; a change to
+    that set (an install, an upgrade, an uninstall) invalidates it.
+    """
+    paths = list(sys.path if paths is None else paths)
+    key = _fingerprint(paths)
+    cache = cache_path()
+    if use_cache:
+        try:
+            data = json.loads(cache.read_text())
+            if data.get("fingerprint") == key:
+                return list(data["envs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    envs = _scan(paths)
+    if use_cache:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"fingerprint": key, "envs": envs}))
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home only costs a rescan next time
+    return envs

@@ -1,0 +1,42 @@
+"""A tool taskset for the Verifiers v1 adapter tests: multiply with the ``calc_multiply`` tool.
+
+Reward: exact match of the final reply; metric ``tool_calls``: how many tool results the
+trace holds. The tool runs in its own MCP server process per rollout (``vf1_calc.tools``).
+"""
+
+import verifiers.v1 as vf
+
+from vf1_calc.tools import CalcTools
+
+PROBLEMS = [(12, 13), (7, 8)]
+
+
+class CalcData(vf.TaskData):
+    answer: str
+
+
+class CalcTask(vf.Task[CalcData]):
+    @classmethod
+    def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
+        return [CalcTools(vf.ToolsetConfig())]
+
+    @vf.reward(weight=1.0)
+    async def exact_match(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip() == self.data.answer)
+
+    @vf.metric
+    async def tool_calls(self, trace: vf.Trace) -> float:
+        return float(len(trace.tool_messages))
+
+
+class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
+    def load(self):
+        for a, b in PROBLEMS:
+            yield CalcTask(
+                CalcData(prompt=f"What is {a} * {b}? Use the calc_multiply tool, then answer with the number only.",
+                         answer=str(a * b)),
+                self.config.task,
+            )
+
+
+__all__ = ["CalcTaskset"]
