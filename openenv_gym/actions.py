@@ -27,6 +27,9 @@ class ParsedCall(msgspec.Struct):
     name: str
     arguments: dict[str, Any] | None
     error: str | None = None
+    raw_arguments: str | None = None
+    """The arguments exactly as the agent wrote them, when they were a string: backends that
+    parse arguments themselves (Verifiers' ToolEnv) answer bad JSON in their own words."""
 
 
 class Turn(msgspec.Struct):
@@ -72,7 +75,8 @@ def parse_action(action: Any) -> Turn:
     calls = []
     for n, call in enumerate(message.tool_calls or ()):
         arguments, error = _decode_arguments(call.function.arguments)
-        calls.append(ParsedCall(call.id or f"call_{n}", call.function.name, arguments, error))
+        raw = call.function.arguments if isinstance(call.function.arguments, str) else None
+        calls.append(ParsedCall(call.id or f"call_{n}", call.function.name, arguments, error, raw))
     return Turn(text=_text_of(message.content), calls=calls)
 
 

@@ -80,6 +80,10 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
+        # TimeoutError is also the base of errors the coroutine itself raises (BackendTimeout
+        # from an adapter, with its own message): only a wait that ran out is relabelled here.
+        if future.done() and not future.cancelled():
+            raise
         future.cancel()
         raise BackendTimeout(f"operation did not finish within {timeout} s") from None
 

@@ -73,26 +73,22 @@ def resolve_generation(env_id: str | None, source: str | os.PathLike | None) -> 
 
 
 def _check_version(generation: str) -> None:
+    """Refuse a v1 taskset under a verifiers that predates v1 tasksets.
+
+    (The v0 adapter checks for the legacy API itself, by feature rather than by version, and
+    says what to install: it is the only place that knows which names it needs.)
+    """
     version = installed_version()
-    shown = ".".join(map(str, version)) if version else None
     if generation == "v0":
-        if version is None:
-            raise ConfigurationError("this is a legacy (v0) Verifiers environment and verifiers is not installed: "
-                                     "pip install 'verifiers<0.4' (0.3.1 is the last release with the v0 API)")
-        if version >= (0, 4):
-            raise ConfigurationError(
-                f"this is a legacy (v0) Verifiers environment, and the installed verifiers {shown} has no v0 API "
-                "(removed in 0.4): install 'verifiers<0.4' (0.3.1) in this environment, or run it in Ray actors "
-                "whose runtime_env pins it: gym.make_vec(..., backend='ray', "
-                "vector_options={'runtime_env': {'pip': ['verifiers==0.3.1']}})")
-    else:
-        if version is None:
-            raise ConfigurationError("this is a Verifiers v1 taskset and verifiers is not installed: "
-                                     "pip install 'verifiers>=0.2' (0.4 has only the v1 API)")
-        if version < (0, 2):
-            raise ConfigurationError(
-                f"this is a Verifiers v1 taskset (verifiers.v1 Taskset), which needs verifiers >= 0.2; "
-                f"the installed verifiers {shown} predates it: pip install -U 'verifiers>=0.2'")
+        return
+    if version is None:
+        raise ConfigurationError("this is a Verifiers v1 taskset and verifiers is not installed: "
+                                 "pip install 'verifiers>=0.2' (0.4 has only the v1 API)")
+    if version < (0, 2):
+        shown = ".".join(map(str, version))
+        raise ConfigurationError(
+            f"this is a Verifiers v1 taskset (verifiers.v1 Taskset), which needs verifiers >= 0.2; "
+            f"the installed verifiers {shown} predates it: pip install -U 'verifiers>=0.2'")
 
 
 def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None = None,
@@ -117,16 +113,19 @@ def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None 
     return AdapterSpec(_ENTRIES[generation], kwargs).build()
 
 
-def make_env(*, split: str | None = None, max_turns: int | None = None, render_mode: str | None = None,
-             **adapter_kwargs: Any):
-    """Gymnasium entry point of ``openenv/Verifiers-v0``, imported and discovered Verifiers envs."""
+def make_env(*, split: str | None = None, render_mode: str | None = None, **adapter_kwargs: Any):
+    """Gymnasium entry point of ``openenv/Verifiers-v0``, imported and discovered Verifiers envs.
+
+    ``max_turns`` goes to the library (its own turn limit, so a cut-off episode is still scored
+    and reports ``stop_condition``), not to a wrapper that would end it unscored.
+    """
     from openenv_gym.env import AgentEnv
 
-    return AgentEnv(make_adapter(**adapter_kwargs), split=split, max_turns=max_turns, render_mode=render_mode)
+    return AgentEnv(make_adapter(**adapter_kwargs), split=split, render_mode=render_mode)
 
 
 def make_vec(num_envs: int = 1, **kwargs: Any):
     """Gymnasium vector entry point: the sub-envs share one loaded environment per adapter."""
     from openenv_gym.vector import make_entry
 
-    return make_entry("openenv_gym.adapters.verifiers:make_adapter", num_envs, **kwargs)
+    return make_entry("openenv_gym.adapters.verifiers:make_adapter", num_envs, session_keys=("split",), **kwargs)

@@ -45,16 +45,18 @@ def make_entry(
     autoreset_mode: Any = None,
     step_timeout: float | None = None,
     vector_options: dict[str, Any] | None = None,
+    session_keys: tuple[str, ...] = ("split", "max_turns"),
     **kwargs: Any,
 ) -> AgentVectorEnv:
     """The body of every adapter's Gymnasium ``vector_entry_point``.
 
-    ``kwargs`` are what ``gym.make`` takes: ``split`` and ``max_turns`` for each sub-env, the rest
-    for the adapter (``"module:Class"`` ``adapter_entry``); ``vector_options`` go to the backend
-    (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
-    ``render_mode`` is accepted for Gymnasium's sake; vector envs do not render.
+    ``kwargs`` are what ``gym.make`` takes: the ``session_keys`` (``split`` and ``max_turns``)
+    for each sub-env, the rest for the adapter (``"module:Class"`` ``adapter_entry``);
+    ``vector_options`` go to the backend (``envs_per_client``, ``max_in_flight``, ``num_actors``,
+    ``address``, ``runtime_env``...). ``render_mode`` is accepted for Gymnasium's sake; vector
+    envs do not render.
     """
-    env_kwargs = {k: kwargs.pop(k) for k in ("split", "max_turns") if k in kwargs}
+    env_kwargs = {k: kwargs.pop(k) for k in session_keys if k in kwargs}
     if max_episode_steps is not None:
         turns = env_kwargs.get("max_turns")
         env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)

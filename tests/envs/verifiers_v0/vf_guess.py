@@ -2,8 +2,11 @@
 
 The env ends the episode itself (``state["final_env_response"]``) on a correct guess; wrong
 guesses get a hint. ``max_turns`` bounds the guesses. ``fail_on`` makes ``env_response`` raise
-``vf.Error`` when the agent sends that text (for error-path tests).
+``vf.Error`` when the agent sends that text, and the text ``slow`` makes it take ``slow_seconds``
+(for error-path and timeout tests).
 """
+
+import asyncio
 
 import verifiers as vf
 from datasets import Dataset
@@ -12,9 +15,10 @@ ROWS = [{"question": "Guess my number between 1 and 10.", "answer": str(n)} for 
 
 
 class GuessEnv(vf.MultiTurnEnv):
-    def __init__(self, fail_on: str | None = None, **kwargs):
+    def __init__(self, fail_on: str | None = None, slow_seconds: float = 5.0, **kwargs):
         super().__init__(**kwargs)
         self.fail_on = fail_on
+        self.slow_seconds = slow_seconds
 
     async def setup_state(self, state):
         state["guesses"] = 0
@@ -24,6 +28,8 @@ class GuessEnv(vf.MultiTurnEnv):
         guess = (messages[-1].content or "").strip()
         if self.fail_on is not None and guess == self.fail_on:
             raise vf.Error(f"the env refused guess {guess!r}")
+        if guess == "slow":
+            await asyncio.sleep(self.slow_seconds)
         state["guesses"] += 1
         target = int(state["answer"])
         try:

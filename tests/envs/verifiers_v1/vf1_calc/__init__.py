@@ -1,7 +1,9 @@
 """A tool taskset for the Verifiers v1 adapter tests: multiply with the ``calc_multiply`` tool.
 
-Reward: exact match of the final reply; metric ``tool_calls``: how many tool results the
-trace holds. The tool runs in its own MCP server process per rollout (``vf1_calc.tools``).
+Reward: exact match of the final reply; metric ``tool_calls``: how many tool results the trace
+holds. By default the tool runs in its own MCP server process per rollout (``Task.toolsets``,
+spawned as ``python -m vf1_calc.tools``); with the task knob ``shared_tools=True`` one server
+serves every rollout of the taskset (``Taskset.toolsets``), which makes resets much cheaper.
 """
 
 import verifiers.v1 as vf
@@ -15,10 +17,14 @@ class CalcData(vf.TaskData):
     answer: str
 
 
-class CalcTask(vf.Task[CalcData]):
+class CalcTaskConfig(vf.TaskConfig):
+    shared_tools: bool = False
+
+
+class CalcTask(vf.Task[CalcData, vf.State, CalcTaskConfig]):
     @classmethod
-    def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
-        return [CalcTools(vf.ToolsetConfig())]
+    def toolsets(cls, config: CalcTaskConfig) -> list[vf.Toolset]:
+        return [] if config.shared_tools else [CalcTools(vf.ToolsetConfig())]
 
     @vf.reward(weight=1.0)
     async def exact_match(self, trace: vf.Trace) -> float:
@@ -29,7 +35,15 @@ class CalcTask(vf.Task[CalcData]):
         return float(len(trace.tool_messages))
 
 
-class CalcTaskset(vf.Taskset[CalcTask, vf.TasksetConfig]):
+class CalcTasksetConfig(vf.TasksetConfig):
+    task: CalcTaskConfig = CalcTaskConfig()
+
+
+class CalcTaskset(vf.Taskset[CalcTask, CalcTasksetConfig]):
+    @classmethod
+    def toolsets(cls, config: CalcTasksetConfig) -> list[vf.Toolset]:
+        return [CalcTools(vf.SharedToolsetConfig())] if config.task.shared_tools else []
+
     def load(self):
         for a, b in PROBLEMS:
             yield CalcTask(

@@ -1,0 +1,832 @@
+"""Legacy (v0) Verifiers environments, played with the library's own rollout loop (inverted control).
+
+A v0 Verifiers environment (``verifiers<0.4``: ``load_environment(**env_args) -> vf.Environment``,
+i.e. ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``/``StatefulToolEnv`` and their subclasses)
+owns its loop: ``Environment.run_rollout`` (``@final``) calls a model client, appends the reply,
+runs ``env_response`` (tools, hints), checks the ``@vf.stop`` conditions, enforces
+``timeout_seconds``, captures ``vf.Error`` into ``state["error"]``, runs the cleanup handlers and
+scores the rollout with the rubric. Re-implementing that loop from the env's hooks would drift from
+the library with every release, so this adapter does not: each episode runs the library's
+``run_rollout`` as an asyncio task on the package's runtime loop, with a model client
+(a :class:`verifiers.Client` subclass) whose ``get_response`` *publishes the request* as the
+observation and *waits for the agent's action*, which it returns as the model's reply
+(reference/verifiers.md §2b, approach B). Everything the env does between two model calls is
+therefore exactly what ``vf-eval`` would do, and the final reward is the rubric's own.
+
+Mapping onto the Gymnasium contract (shared/DESIGN.md §2):
+
+* tasks are dataset rows, as the library formats them (``Environment.get_dataset()`` and
+  ``get_eval_dataset()``: ``prompt`` messages, ``answer``, ``info``, ``example_id``...): split
+  ``train`` from ``dataset`` and ``eval`` (type ``test``; ``"test"`` is accepted as an alias)
+  from ``eval_dataset``;
+* reset: the first model request's messages (system + user...) as OpenAI-format dicts, and its
+  ``tools`` as :class:`~openenv_gym.wire.ToolSpec` (``info["tools"]``);
+* step: the action becomes a ``vf.Response`` (flat ``vf.ToolCall(id, name, arguments)``); the
+  observation is what the library appended before its next model call (tool results, the env's
+  user messages), reward ``0.0`` until the rollout ends, then ``RolloutOutput["reward"]`` with
+  ``metrics`` and ``stop_condition`` (and ``error``) in ``info``;
+* bad tool calls (invalid JSON, unknown tool, a raising tool) are answered by the library's own
+  ``ToolEnv.env_response`` (its ``error_formatter``), so the agent sees the same tool message a
+  model under ``vf-eval`` would see, and the episode goes on.
+
+The environment object is built when the adapter is constructed (see
+:class:`VerifiersV0Adapter` for why, and for signal handling); many episodes share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import importlib.util
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from openenv_gym.actions import ParsedCall, Turn, user_message
+from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.errors import (
+    BackendError,
+    BackendTimeout,
+    ConfigurationError,
+    EpisodeNotStarted,
+    ServerError,
+    SourceNotFound,
+    TaskNotFound,
+)
+from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
+
+__all__ = ["VerifiersV0Adapter", "VerifiersV0Episode", "TRUNCATING_STOPS"]
+
+TRUNCATING_STOPS = frozenset({
+    "max_turns_reached",
+    "timeout_reached",
+    "prompt_too_long",
+    "max_total_completion_tokens_reached",
+    "has_error",
+})
+"""Stop conditions that end an episode as ``truncated`` (a limit or a failure, not the task's own
+end), except ``max_turns_reached`` of a ``SingleTurnEnv`` (one turn is its whole task). Every
+other stop condition (``no_tools_called``, ``has_final_env_response``, an env's own ``@vf.stop``)
+is ``terminated``. A rollout the library itself flags ``is_truncated`` (an overlong
+response or prompt) is truncated too."""
+
+ROW_CACHE = 4096
+"""Dataset rows kept decoded per adapter (see :meth:`VerifiersV0Adapter.rollout_input`)."""
+
+_SPLIT_ALIASES = {"test": "eval", "evaluation": "eval", "validation": "eval"}
+
+_NO_V0_API = (
+    "this is a legacy (v0) Verifiers environment; verifiers {version} installed has no v0 API: "
+    "install 'verifiers<0.4' (0.3.1), or run it in a Ray actor whose runtime_env pins verifiers<0.4 "
+    "(gym.make_vec(..., backend='ray', vector_options={{'runtime_env': {{'pip': ['verifiers==0.3.1']}}}}))"
+)
+
+
+# -- the library ------------------------------------------------------------------------------------
+
+def _import_v0() -> Any:
+    """``import verifiers`` with its legacy surface, or a ConfigurationError saying what to install."""
+    try:
+        import verifiers
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"Verifiers environments need the verifiers package: pip install 'verifiers<0.4' ({exc})"
+        ) from None
+    try:
+        # In 0.2-0.3 these resolve lazily to verifiers.legacy; 0.4 removed them.
+        for name in ("load_environment", "Environment", "MultiTurnEnv", "SingleTurnEnv", "Client"):
+            getattr(verifiers, name)
+    except (AttributeError, ImportError):
+        version = ".".join(str(getattr(verifiers, "__version__", "?")).split(".")[:2])
+        raise ConfigurationError(_NO_V0_API.format(version=version)) from None
+    return verifiers
+
+
+_client_class: type | None = None
+
+
+def _queue_client_class() -> type:
+    """The ``vf.Client`` subclass whose model call is answered by the agent (built on first use,
+    so importing this module does not import verifiers)."""
+    global _client_class
+    if _client_class is not None:
+        return _client_class
+    vf = _import_v0()
+
+    class AgentClient(vf.Client):
+        """A model client that hands each request to its episode and returns the agent's reply.
+
+        Only ``get_response`` matters: the base class's native-format pipeline (prompt and tool
+        conversion, provider calls) is bypassed, so the abstract hooks are trivial.
+        """
+
+        def __init__(self, episode: VerifiersV0Episode):
+            super().__init__(None)
+            self.episode = episode
+
+        def setup_client(self, config: Any) -> None:
+            return None
+
+        async def to_native_tool(self, tool: Any) -> Any:
+            return tool
+
+        async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
+            return messages, {}
+
+        async def get_native_response(self, prompt: Any, model: str, sampling_args: Any,
+                                      tools: Any = None, **kwargs: Any) -> Any:
+            raise NotImplementedError("answered by get_response")
+
+        async def raise_from_native_response(self, response: Any) -> None:
+            return None
+
+        async def from_native_response(self, response: Any) -> Any:
+            return response
+
+        async def close(self) -> None:
+            return None
+
+        async def get_response(self, prompt: Any, model: str, sampling_args: Any,
+                               tools: Any = None, **kwargs: Any) -> Any:
+            reply = asyncio.get_running_loop().create_future()
+            self.episode._on_request(prompt, tools, sampling_args, kwargs.get("state"), reply)
+            return await reply
+
+    _client_class = AgentClient
+    return AgentClient
+
+
+# -- construction in any thread ----------------------------------------------------------------------
+
+_signal_lock = threading.Lock()
+_signal_depth = 0
+_signal_saved: Any = None
+
+
+def _signal_from_any_thread(signalnum: int, handler: Any) -> Any:
+    """``signal.signal`` that ignores calls from non-main threads (which would raise) instead."""
+    if threading.current_thread() is threading.main_thread():
+        return _signal_saved(signalnum, handler)
+    return signal.getsignal(signalnum)
+
+
+@contextlib.contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """Build a v0 env without losing this process's SIGINT/SIGTERM handlers.
+
+    ``Environment.__post_init__`` calls ``signal.signal(SIGINT/SIGTERM, ...)``: in the main thread
+    that replaces the process's handlers (SIGTERM would ``exit(143)`` through the env's
+    teardown), off the main thread it raises. In the main thread the previous handlers are saved
+    and put back; elsewhere ``signal.signal`` is swapped, for the duration, for a version that
+    ignores non-main-thread calls (main-thread calls still go through, so a concurrent
+    ``signal.signal`` in the main thread is unaffected).
+    """
+    global _signal_depth, _signal_saved
+    if threading.current_thread() is threading.main_thread():
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in saved.items():
+                if handler is not None:  # None: a handler not installed from Python; leave it
+                    signal.signal(s, handler)
+        return
+    with _signal_lock:
+        if _signal_depth == 0:
+            _signal_saved = signal.signal
+            signal.signal = _signal_from_any_thread  # type: ignore[assignment]
+        _signal_depth += 1
+    try:
+        yield
+    finally:
+        with _signal_lock:
+            _signal_depth -= 1
+            if _signal_depth == 0:
+                signal.signal = _signal_saved  # type: ignore[assignment]
+
+
+def _resolve_source(source: str | os.PathLike) -> tuple[str, Path, bool]:
+    """(module name, file to load, is a package) for a source path; its folder goes on ``sys.path``.
+
+    ``my_env.py`` -> ``my_env`` (its folder on ``sys.path``); a package folder (``__init__.py``)
+    -> the folder's name (its parent on ``sys.path``); the upstream layout ``my-env/my_env.py``
+    (+ pyproject) -> ``my_env`` (the folder on ``sys.path``). A folder is added only if not
+    already there, so the module's own sibling imports work.
+    """
+    path = Path(source).expanduser().resolve()
+    if not path.exists():
+        raise SourceNotFound(f"Verifiers source {str(source)!r} does not exist")
+    package = False
+    if path.is_file():
+        if path.suffix != ".py":
+            raise ConfigurationError(f"Verifiers source {str(source)!r} is not a .py file or a folder")
+        directory, module, file = path.parent, path.stem, path
+    elif (path / "__init__.py").exists():
+        directory, module, file, package = path.parent, path.name, path / "__init__.py", True
+    else:
+        module = path.name.replace("-", "_")
+        if not (path / f"{module}.py").exists():
+            candidates = sorted(p.stem for p in path.glob("*.py") if not p.name.startswith("_"))
+            if len(candidates) != 1:
+                raise ConfigurationError(
+                    f"Verifiers source folder {str(source)!r} is not a package and holds no {module}.py; "
+                    f"pass the module file instead (found {candidates or 'no modules'})")
+            module = candidates[0]
+        directory, file = path, path / f"{module}.py"
+    if not module.isidentifier():
+        raise ConfigurationError(f"Verifiers source {str(source)!r} gives module name {module!r}, not importable")
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    return module, file, package
+
+
+def _import_source(module: str, file: Path, package: bool) -> None:
+    """Import ``file`` as ``module`` unless that exact file is already imported under the name.
+
+    Loading from the file (rather than by name through ``sys.path``) means the source given is
+    the one used even when another folder on ``sys.path`` has a module of the same name; a
+    same-named module from another file is replaced in ``sys.modules``.
+    """
+    existing = sys.modules.get(module)
+    if existing is not None and getattr(existing, "__file__", None) and Path(existing.__file__).resolve() == file:
+        return
+    spec = importlib.util.spec_from_file_location(
+        module, file, submodule_search_locations=[str(file.parent)] if package else None)
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(f"cannot import Verifiers source {str(file)!r}")
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[module] = loaded
+    try:
+        spec.loader.exec_module(loaded)
+    except BaseException as exc:
+        if existing is not None:
+            sys.modules[module] = existing
+        else:
+            sys.modules.pop(module, None)
+        if isinstance(exc, Exception):
+            raise ConfigurationError(f"could not import Verifiers source {str(file)!r}: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def _rubrics(env: Any) -> Iterator[Any]:
+    """Every rubric that scores ``env``: RubricGroup members and EnvGroup children included."""
+    stack = [getattr(env, "rubric", None)]
+    stack += [getattr(child, "rubric", None) for child in getattr(env, "envs", None) or ()]
+    seen: set[int] = set()
+    while stack:
+        rubric = stack.pop()
+        if rubric is None or id(rubric) in seen:
+            continue
+        seen.add(id(rubric))
+        yield rubric
+        stack.extend(getattr(rubric, "rubrics", None) or ())
+        stack.extend(getattr(getattr(rubric, "env_map", None), "values", lambda: ())())
+
+
+def _check_rubric(env: Any, vf: Any) -> None:
+    """Refuse, at construction, rubrics that cannot score one episode on its own."""
+    group: list[str] = []
+    for rubric in _rubrics(env):
+        is_group = getattr(rubric, "_is_group_func", None)
+        for func in getattr(rubric, "funcs", None) or ():
+            try:
+                if is_group is not None and is_group(func):
+                    group.append(getattr(func, "__name__", repr(func)))
+            except (TypeError, ValueError):  # no signature to inspect: the library treats it as individual
+                pass
+    if group:
+        raise ConfigurationError(
+            f"group reward functions ({', '.join(group)}) are not supported per episode: they score a "
+            "group of rollouts together (Rubric.score_group, plural parameters such as 'completions' or "
+            "a list return) and a Gymnasium episode is one rollout; make them per-rollout reward "
+            "functions, or score groups of finished episodes yourself")
+    if not getattr(env, "score_rollouts", True):
+        return
+    for rubric in _rubrics(env):
+        # The base Rubric.score_rollout asserts at least one reward function: a rubric without
+        # any would fail every rollout at the very end, so say so now.
+        if (type(rubric).score_rollout is vf.Rubric.score_rollout and not getattr(rubric, "rubrics", None)
+                and not getattr(rubric, "funcs", None)):
+            raise ConfigurationError(
+                f"the environment's {type(rubric).__name__} has no reward functions; Verifiers cannot "
+                "score a rollout with it (Rubric.score_rollout needs at least one)")
+
+
+# -- messages ----------------------------------------------------------------------------------------
+
+def _openai_message(message: Any) -> Message:
+    """A library message (pydantic, or a raw dict an env returned) as an OpenAI-format dict."""
+    if isinstance(message, dict):
+        out = {k: v for k, v in message.items() if v is not None}
+    else:
+        out = message.model_dump(exclude_none=True)
+    calls = out.get("tool_calls")
+    if calls:
+        # v0 keeps tool calls flat ({id, name, arguments}); OpenAI nests them under "function".
+        out["tool_calls"] = [
+            c if "function" in c else
+            {"id": c.get("id"), "type": "function", "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
+            for c in calls
+        ]
+    return out
+
+
+def _tool_spec(tool: Any) -> ToolSpec:
+    if isinstance(tool, dict):
+        return ToolSpec(name=tool["name"], description=tool.get("description") or "",
+                        parameters=tool.get("parameters"))
+    return ToolSpec(name=tool.name, description=tool.description or "", parameters=tool.parameters)
+
+
+class _ToolCache:
+    """ToolSpecs for the library's tool lists, converted once per list.
+
+    Every episode of a ToolEnv gets the env's same ``tool_defs`` list, so the conversion (and the
+    JSON encoding of the schemas) is done once; each reset decodes fresh schemas from the cached
+    bytes, because what a reset returns must not alias what another reset returned (Gymnasium's
+    checker tests this), and decoding is several times cheaper than ``copy.deepcopy``.
+    """
+
+    def __init__(self) -> None:
+        self._tools: Any = None
+        self._encoded: list[tuple[str, str, bytes]] = []
+
+    def specs(self, tools: Any) -> list[ToolSpec]:
+        if tools is not self._tools:
+            encoded = [(spec.name, spec.description, msgspec.json.encode(spec.parameters))
+                       for spec in map(_tool_spec, tools or ())]
+            self._tools, self._encoded = tools, encoded  # one assignment pair: no torn reads on one loop
+        return [ToolSpec(name=name, description=description, parameters=msgspec.json.decode(params))
+                for name, description, params in self._encoded]
+
+
+def _raw_arguments(call: ParsedCall) -> str:
+    """The arguments string to hand the library for ``call``.
+
+    The agent's own string when it wrote one, so that bad JSON reaches ``ToolEnv`` as written and
+    the library answers with its own error message; a dict is encoded (what the library does
+    itself for dict arguments).
+    """
+    if call.raw_arguments is not None:
+        return call.raw_arguments
+    return json.dumps(call.arguments) if call.arguments is not None else ""
+
+
+# -- adapter -----------------------------------------------------------------------------------------
+
+class VerifiersV0Adapter(Adapter):
+    """A legacy (v0) Verifiers environment as an openenv_gym backend.
+
+    Args:
+        env_id: the environment's importable module or package name (``"vf_arith"``, or
+            ``"owner/vf-arith"``: ``vf.load_environment`` keeps the last part and maps ``-`` to
+            ``_``).
+        source: a module file (``my_env.py``), a package folder, or the upstream layout
+            ``my-env/my_env.py``. Its folder (or the package's parent) is put on ``sys.path``
+            unless already there, the module name comes from the path, and the module is
+            imported from that file (replacing a same-named module from elsewhere in
+            ``sys.modules``). ``env_id``, if also given, is what ``vf.load_environment`` gets
+            (and records as ``env.env_id``); it must name the same module.
+        env_args: keyword arguments for the module's ``load_environment``.
+        timeout_seconds: overrides the env's ``timeout_seconds`` (``None``: keep the env's;
+            ``math.inf``: no limit). See "Timeouts" below.
+        max_turns: overrides the env's ``max_turns`` (the library's own limit: the rollout stops
+            with ``stop_condition="max_turns_reached"``, is scored by the rubric and ends
+            ``truncated``). Prefer it to ``AgentEnv(max_turns=...)``, which ends the episode
+            without letting the library score it (reward 0.0).
+        rollout_timeout: seconds the library may take between receiving an action and asking
+            for the next one (tool calls, ``env_response``, scoring): policy time excluded. On
+            expiry the rollout is cancelled and the step raises
+            :class:`~openenv_gym.errors.BackendTimeout`. ``None``: no limit.
+        model: the model name the library records in ``state["model"]``.
+        sampling_args: merged over the env's ``sampling_args`` (as ``Environment.generate``
+            does); the library passes them with every model call, and ``info["request"]``
+            reports them.
+
+    **Construction happens here, in the calling thread.** ``Environment.__post_init__`` installs
+    SIGINT/SIGTERM handlers (and an ``atexit`` teardown): off the main thread that raises, in the
+    main thread it replaces the process's handlers. So the adapter saves the process's
+    SIGINT/SIGTERM handlers before building the env and restores them afterwards (Ctrl-C keeps
+    raising ``KeyboardInterrupt`` in a gym script); off the main thread (a vector env builds its
+    adapters on the runtime loop's thread; a Ray actor runs methods in worker threads) it
+    temporarily replaces ``signal.signal`` with a version that ignores non-main-thread calls, so
+    construction works and no handler changes. The env's teardown handlers run at :meth:`aclose`
+    (the library's own ``atexit`` hook may run them again at exit). Load errors (import errors,
+    ``vf.MissingKeyError``, exceptions in ``load_environment``) raise
+    :class:`~openenv_gym.errors.ConfigurationError` with the library's message.
+
+    **Timeouts: policy time counts.** The library's ``timeout_seconds`` wraps the *whole* rollout
+    in ``asyncio.wait_for``, including the time the agent takes to answer each request (here,
+    the time between an observation and the next ``step``). A slow policy therefore times out
+    exactly as a slow model would under ``vf-eval``: the library cancels the pending model call,
+    scores what exists and records ``stop_condition="timeout_reached"``; the next ``step`` returns
+    that result (``truncated=True``) and its action is not used. Raise ``timeout_seconds`` (or
+    pass ``math.inf``) when the policy is slow; use ``rollout_timeout`` to bound only the env's
+    own time.
+
+    **Scoring.** Rubrics are scored per rollout (``Rubric.score_rollout``). Group reward
+    functions (plural parameters like ``completions``/``states``, or a ``list`` return) need a
+    group of rollouts and are refused at construction with a ConfigurationError; advantages
+    (``score_group``) are the trainer's job.
+
+    Many episodes (a vector env's sub-envs) share one adapter and one loaded env; each episode
+    has its own client and state, as in the library's own concurrent ``generate``.
+    """
+
+    kind = "verifiers_v0"
+
+    def __init__(
+        self,
+        *,
+        env_id: str | None = None,
+        source: str | os.PathLike | None = None,
+        env_args: dict[str, Any] | None = None,
+        timeout_seconds: float | None = None,
+        max_turns: int | None = None,
+        rollout_timeout: float | None = None,
+        model: str = "external-policy",
+        sampling_args: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        if env_id is None and source is None:
+            raise ConfigurationError("VerifiersV0Adapter needs env_id (an importable module) or source (a path)")
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ConfigurationError("max_turns must be a positive integer or None")
+        if timeout_seconds is not None and not timeout_seconds > 0:
+            raise ConfigurationError("timeout_seconds must be positive (math.inf: no limit) or None")
+        if rollout_timeout is not None and not rollout_timeout > 0:
+            raise ConfigurationError("rollout_timeout must be positive or None")
+        vf = _import_v0()
+        self._vf = vf
+        resolved = _resolve_source(source) if source is not None else None
+        load_id = env_id if env_id is not None else resolved[0]  # type: ignore[index]
+        if resolved is not None and env_id is not None:
+            named = env_id.replace("-", "_").split("/")[-1]  # vf's env_module_name
+            if named != resolved[0]:
+                raise ConfigurationError(
+                    f"env_id {env_id!r} names module {named!r} but source {str(source)!r} holds {resolved[0]!r}")
+        self.env_args = dict(env_args or {})
+        with _keep_signal_handlers():
+            if resolved is not None:
+                _import_source(*resolved)
+            try:
+                env = vf.load_environment(load_id, **self.env_args)
+            except Exception as exc:
+                # vf wraps import errors in ValueError and the rest in RuntimeError, with its message.
+                raise ConfigurationError(f"could not load Verifiers environment {load_id!r}: {exc}") from exc
+        if not isinstance(env, vf.Environment):
+            raise ConfigurationError(
+                f"load_environment of {load_id!r} returned {type(env).__name__}, not a verifiers Environment")
+        _check_rubric(env, vf)
+        self._apply_limits(env, timeout_seconds, max_turns)
+        self.env = env
+        self.env_id = load_id
+        self.model = model
+        merged = dict(getattr(env, "sampling_args", None) or {})
+        merged.update(sampling_args or {})
+        self.sampling_args = merged
+        self.rollout_timeout = rollout_timeout
+        # A SingleTurnEnv is max_turns=1 by construction: its max_turns_reached is the task's end.
+        children = getattr(env, "envs", None) or ()
+        self._single_turn = isinstance(env, vf.SingleTurnEnv) or (
+            bool(children) and all(isinstance(c, vf.SingleTurnEnv) for c in children))
+        self._datasets: dict[str, Any] = {}
+        self._rows: dict[tuple[str, int], dict[str, Any]] = {}
+        self._tool_cache = _ToolCache()
+        self._episodes: set[VerifiersV0Episode] = set()
+        self._closed = False
+        self._torn_down = False
+
+    @staticmethod
+    def _apply_limits(env: Any, timeout_seconds: float | None, max_turns: int | None) -> None:
+        targets = [env, *(getattr(env, "envs", None) or ())]  # EnvGroup: its children run the rollouts
+        if timeout_seconds is not None:
+            value = None if math.isinf(timeout_seconds) else float(timeout_seconds)
+            for target in targets:
+                if hasattr(target, "timeout_seconds"):
+                    target.timeout_seconds = value
+        if max_turns is not None:
+            for target in targets:
+                if hasattr(target, "max_turns"):
+                    target.max_turns = max_turns
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        # Dataset builders may be slow (downloads, maps): off the loop.
+        train, eval_ = await asyncio.to_thread(self._build_datasets)
+        if train is not None:
+            self._datasets["train"] = train
+        if eval_ is not None:
+            self._datasets["eval"] = eval_
+        if not self._datasets:
+            raise ConfigurationError(f"Verifiers environment {self.env_id!r} has neither dataset nor eval_dataset")
+
+    def _build_datasets(self) -> tuple[Any, Any]:
+        try:
+            return self.env.build_dataset(), self.env.build_eval_dataset()
+        except Exception as exc:
+            raise ConfigurationError(f"building the datasets of {self.env_id!r} failed: {exc}") from exc
+
+    async def aclose(self) -> None:
+        """Cancel every running episode, then run the env's teardown handlers. Idempotent."""
+        self._closed = True
+        episodes, self._episodes = list(self._episodes), set()
+        await asyncio.gather(*(e.aclose() for e in episodes), return_exceptions=True)
+        if not self._torn_down:
+            self._torn_down = True
+            try:
+                await asyncio.wait_for(self.env._teardown(), 60.0)
+            except Exception:
+                pass  # a failing teardown must not keep the env from closing
+
+    def episode(self) -> Episode:
+        return VerifiersV0Episode(self)
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.kind, "env_id": self.env_id}
+
+    # -- tools and tasks ---------------------------------------------------------------------------
+    async def tools(self) -> list[ToolSpec]:
+        return self._tool_cache.specs(getattr(self.env, "tool_defs", None) or [])
+
+    async def _fetch_splits(self) -> list[Split]:
+        return [Split(name=name, type="train" if name == "train" else "test") for name in self._datasets]
+
+    async def _fetch_num_tasks(self, split: str) -> int:
+        return len(self._datasets[split])
+
+    def _split(self, split: str) -> str:
+        return split if split in self._datasets else _SPLIT_ALIASES.get(split, split)
+
+    async def num_tasks(self, split: str) -> int:
+        return await super().num_tasks(self._split(split))
+
+    async def task(self, split: str, index: int) -> dict[str, Any]:
+        """The formatted dataset row (``prompt``, ``answer``, ``info``, ``example_id``...)."""
+        name = self._split(split)
+        dataset = self._datasets.get(name)
+        if dataset is None:
+            raise TaskNotFound(f"unknown split {split!r}; the splits are {list(self._datasets)}")
+        if not 0 <= index < len(dataset):
+            raise TaskNotFound(f"split {split!r} has no task {index}")
+        return dataset[int(index)]
+
+    async def rollout_input(self, split: str, index: int) -> dict[str, Any]:
+        """The row an episode plays. Rows are cached (up to ``ROW_CACHE`` of them): reading one
+        from an Arrow dataset costs more than a step of a simple env, and the library deep-copies
+        its input in ``init_state``, so sharing a cached row between episodes is safe."""
+        key = (self._split(split), int(index))
+        row = self._rows.get(key)
+        if row is None:
+            row = await self.task(split, index)
+            if len(self._rows) >= ROW_CACHE:
+                self._rows.pop(next(iter(self._rows)))
+            self._rows[key] = row
+        return row
+
+    def row_from_spec(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A rollout input from an explicit task, formatted as the library formats dataset rows:
+        ``question`` becomes ``[system_prompt?, *few_shot, user]``; the env's system prompt is
+        prepended to a ``prompt`` that lacks one."""
+        row = dict(spec)
+        env = self.env
+        prompt = row.get("prompt")
+        if prompt is None:
+            question = row.get("question")
+            if not isinstance(question, str):
+                raise ConfigurationError("a Verifiers task needs 'prompt' (chat messages) or 'question' (text)")
+            messages: list[Any] = []
+            if env.system_prompt:
+                messages.append({"role": "system", "content": env.system_prompt})
+            messages.extend(env.few_shot or ())
+            messages.append({"role": "user", "content": question})
+            row["prompt"] = messages
+        elif isinstance(prompt, list) and env.system_prompt is not None:
+            first = prompt[0] if prompt else None
+            role = first.get("role") if isinstance(first, dict) else getattr(first, "role", None)
+            if role != "system":
+                row["prompt"] = [{"role": "system", "content": env.system_prompt}, *prompt]
+        row.setdefault("example_id", -1)
+        row.pop("env_id", None)  # the library drops it from datasets too
+        return row
+
+
+class VerifiersV0Episode(Episode):
+    """One rollout of the library's loop, paused at every model call until the agent acts."""
+
+    def __init__(self, adapter: VerifiersV0Adapter):
+        self.adapter = adapter
+        self.task_id = ""
+        self._task: asyncio.Task[Any] | None = None
+        self._request: asyncio.Future[tuple[Any, Any, Any, Any]] | None = None  # the next model call
+        self._reply: asyncio.Future[Any] | None = None  # the pending model call awaits this
+        self._prompt: list[Any] = []  # the library's last request (its own list; never copied)
+        self._tools: Any = None
+        self._sampling_args: Any = None
+        self._state: Any = None
+        self._closed = False
+
+    # -- called by the client, inside the rollout task ------------------------------------------
+    def _on_request(self, prompt: Any, tools: Any, sampling_args: Any, state: Any, reply: asyncio.Future[Any]) -> None:
+        request = self._request
+        if request is None or request.done():
+            # v0's loop calls the model one turn at a time; anything else cannot map to step().
+            raise self.adapter._vf.Error("concurrent model calls within one rollout are not supported")
+        self._reply = reply
+        request.set_result((prompt, tools, sampling_args, state))
+
+    # -- Episode -----------------------------------------------------------------------------------
+    async def start(self, task: TaskRef) -> Opening:
+        adapter = self.adapter
+        if adapter._closed:
+            raise BackendError("the Verifiers adapter is closed")
+        if task.spec is not None:
+            row = adapter.row_from_spec(task.spec)
+            split = task.split or "task"
+        else:
+            split = task.split or await adapter.default_split()
+            row = await adapter.rollout_input(split, task.index or 0)
+        self.task_id = f"{split}/{row.get('example_id', task.index)}"
+        loop = asyncio.get_running_loop()
+        self._request = loop.create_future()
+        client = _queue_client_class()(self)
+        self._task = loop.create_task(
+            adapter.env.run_rollout(row, client, adapter.model, dict(adapter.sampling_args)),
+            name=f"verifiers-v0 rollout {self.task_id}",
+        )
+        self._task.add_done_callback(self._on_rollout_done)
+        adapter._episodes.add(self)
+        try:
+            request = await self._next_request()
+            if request is None:
+                output = self._output()
+                raise ServerError(
+                    f"the Verifiers rollout of {self.task_id} ended before its first model call "
+                    f"(stop_condition={output.get('stop_condition')!r}, error={_error_info(output)})")
+        except BaseException:
+            await asyncio.shield(self.aclose())
+            raise
+        prompt, tools, sampling_args, self._state = request
+        self._prompt, self._tools, self._sampling_args = prompt, tools, sampling_args
+        info = {"request": _request_info(sampling_args), "example_id": row.get("example_id")}
+        return Opening(messages=[_openai_message(m) for m in prompt],
+                       tools=adapter._tool_cache.specs(tools), task_id=self.task_id, info=info)
+
+    async def step(self, turn: Turn) -> Outcome:
+        if self._task is None or self._closed:
+            raise EpisodeNotStarted("the episode is not running")
+        if turn.error is not None:
+            # Not a message at all: nothing the library could record as a model reply.
+            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")],
+                           info={"invalid_action": "unreadable"})
+        if self._task.done():  # the library ended the rollout meanwhile (timeout_seconds)
+            return self._finish()
+        reply, self._reply = self._reply, None
+        if reply is None:
+            raise BackendError("the Verifiers rollout is not waiting for a model reply")
+        self._request = asyncio.get_running_loop().create_future()
+        if not reply.done():  # cancelled if the library timed the call out just now
+            reply.set_result(self._response(turn))
+        try:
+            request = await self._next_request()
+        except BaseException:
+            await asyncio.shield(self.aclose())
+            raise
+        if request is None:
+            return self._finish()
+        prompt, tools, sampling_args, self._state = request
+        previous, self._prompt = self._prompt, prompt
+        info: dict[str, Any] = {}
+        n = len(previous)
+        # The library builds each request as previous + [reply] + env_response (the same message
+        # objects), so the new messages are the tail; an env that rewrites its context
+        # (a custom get_prompt_messages) gets the whole prompt, flagged.
+        if len(prompt) > n and n > 0 and prompt[n - 1] is previous[n - 1]:
+            messages = [_openai_message(m) for m in prompt[n + 1:]]
+        else:
+            messages = [_openai_message(m) for m in prompt]
+            info["prompt_rewritten"] = True
+        changed: list[ToolSpec] | None = None
+        if tools is not self._tools:  # the library passes the same list every turn unless it changed
+            old = [_tool_spec(t) for t in self._tools or ()]
+            new = self.adapter._tool_cache.specs(tools)
+            if new != old:
+                changed = new
+            self._tools = tools
+        if sampling_args is not self._sampling_args and sampling_args != self._sampling_args:
+            info["request"] = _request_info(sampling_args)
+        self._sampling_args = sampling_args
+        return Outcome(messages, info=info, tools=changed)
+
+    async def aclose(self) -> None:
+        """Cancel the rollout if it is still running and wait for it to unwind. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.adapter._episodes.discard(self)
+        task, self._task = self._task, None
+        self._reply = self._request = None
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            # The library's cleanup handlers run while the task unwinds; bound the wait.
+            await asyncio.wait({task}, timeout=30.0)
+            if not task.done():
+                _orphans.add(task)  # keep a reference: never "Task was destroyed but it is pending"
+                task.add_done_callback(_orphans.discard)
+                return
+        if not task.cancelled():
+            task.exception()  # mark it retrieved
+
+    # -- internals -----------------------------------------------------------------------------------
+    async def _next_request(self) -> tuple[Any, Any, Any, Any] | None:
+        """Wait for the library's next model call (its request) or the end of the rollout (None).
+
+        The rollout task's done-callback resolves the pending request with None, so one future
+        covers both (cheaper per step than ``asyncio.wait`` on two)."""
+        request = self._request
+        assert request is not None
+        timeout = self.adapter.rollout_timeout
+        if timeout is None:
+            return await request
+        try:
+            return await asyncio.wait_for(request, timeout)
+        except TimeoutError:
+            raise BackendTimeout(
+                f"the Verifiers environment took more than {timeout} s to answer an action (rollout_timeout)") from None
+
+    def _on_rollout_done(self, task: asyncio.Task[Any]) -> None:
+        request = self._request
+        if request is not None and not request.done():
+            request.set_result(None)
+
+    def _response(self, turn: Turn) -> Any:
+        vf = self.adapter._vf
+        # model_construct: every field is built here with the right type, so pydantic's
+        # validation would only cost time on every step.
+        calls = [vf.ToolCall.model_construct(id=c.id, name=c.name, arguments=_raw_arguments(c)) for c in turn.calls]
+        message = vf.ResponseMessage.model_construct(
+            content=turn.text, tool_calls=calls or None, finish_reason="tool_calls" if calls else "stop",
+            is_truncated=False)
+        return vf.Response.model_construct(id=f"openenv-{uuid.uuid4().hex[:16]}", created=int(time.time()),
+                                           model=self.adapter.model, usage=None, message=message)
+
+    def _output(self) -> dict[str, Any]:
+        task = self._task
+        assert task is not None and task.done()
+        if task.cancelled():
+            raise BackendError("the Verifiers rollout was cancelled")
+        exc = task.exception()
+        if exc is not None:
+            # vf.Error is captured by the library into state["error"]; anything else escaping
+            # run_rollout is a bug in the environment (or the library), not the agent's doing.
+            raise ServerError(f"the Verifiers rollout of {self.task_id} failed: {type(exc).__name__}: {exc}") from exc
+        return task.result()
+
+    def _finish(self) -> Outcome:
+        output = self._output()
+        messages: list[Message] = []
+        final = self._state.get("final_env_response") if self._state is not None else None
+        if final:
+            messages = [_openai_message(m) for m in final]
+        reward = output.get("reward")
+        stop = output.get("stop_condition")
+        truncated = bool(output.get("is_truncated")) or (
+            stop in TRUNCATING_STOPS and not (stop == "max_turns_reached" and self.adapter._single_turn))
+        info: dict[str, Any] = {"metrics": dict(output.get("metrics") or {}), "stop_condition": stop}
+        error = _error_info(output)
+        if error is not None:
+            info["error"] = error
+        if reward is None:  # never a None reward; say why instead
+            info.setdefault("error", {"type": "NoReward", "message": "the rubric produced no reward"})
+        return Outcome(messages, reward=float(reward or 0.0), terminated=not truncated, truncated=truncated, info=info)
+
+
+_orphans: set[asyncio.Task[Any]] = set()
+
+
+def _error_info(output: dict[str, Any]) -> dict[str, str] | None:
+    error = output.get("error")
+    if not error:
+        return None
+    if isinstance(error, dict):
+        return {"type": str(error.get("error") or "Error"), "message": str(error.get("message") or "")}
+    return {"type": type(error).__name__, "message": str(error)}
+
+
+def _request_info(sampling_args: Any) -> dict[str, Any]:
+    # Small (sampling parameters only, never the prompt); copied because the library shares it.
+    return {"sampling_args": copy.deepcopy(dict(sampling_args or {}))}
+

@@ -1,0 +1,390 @@
+"""The Verifiers v1 adapter against real tasksets, the library's real harness and tool servers.
+
+The tasksets live in ``tests/envs/verifiers_v1`` (``vf1_arith``: chat, exact match, two splits;
+``vf1_calc``: the ``calc_multiply`` MCP tool, per rollout or shared). Nothing is mocked on the
+library side: the ``null`` harness program runs under ``uv`` in a subprocess, tool servers are
+``python -m`` children. Each test checks something a user relies on: rewards equal to the
+library's own evaluation, bad tool calls that reach the agent, nothing left running after
+close or a reset mid-episode, limit stops as truncation, vector envs, Gymnasium's checker.
+
+The library's own path (the reference for rewards) is ``Env.serving()`` +
+``Env.run_episode(task, ctx)`` with its own interception server and eval client, pointed at a
+scripted OpenAI-compatible stub that answers with the same policy as the agent.
+
+Runs in the venv with verifiers 0.4 (and on 0.3.1's ``verifiers.v1``); skipped when
+``verifiers.v1`` is missing or lacks what the adapter needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openenv_gym.adapters import verifiers_v1 as v1mod
+from openenv_gym.errors import ConfigurationError
+
+try:
+    vf = v1mod._import_v1()
+except ConfigurationError as _exc:
+    pytest.skip(f"verifiers.v1 is not usable here: {_exc}", allow_module_level=True)
+
+from openenv_gym import runtime  # noqa: E402
+from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
+from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
+from openenv_gym.env import AgentEnv  # noqa: E402
+from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
+
+ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
+ARITH, CALC = ENVS / "vf1_arith", ENVS / "vf1_calc"
+SHARED = {"task": {"shared_tools": True}}
+
+Policy = Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+# -- policies: the same function answers for the agent (adapter) and for the stub (library) --------
+
+ARITH_ANSWERS = {"What is 2 + 3?": "5", "What is 6 * 7?": "42", "What is 10 - 4?": "7"}  # the last is wrong
+
+
+def arith_policy(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    return {"role": "assistant", "content": ARITH_ANSWERS.get(question, "0")}
+
+
+def calc_policy(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Multiply with the tool, then call a tool that does not exist, then answer."""
+    tools = [m for m in messages if m["role"] == "tool"]
+    if not tools:
+        a, b = re.findall(r"\d+", next(m["content"] for m in messages if m["role"] == "user"))[:2]
+        return _call("calc_multiply", f'{{"a": {a}, "b": {b}}}', "call_1")
+    if len(tools) == 1:
+        return _call("nope", "{}", "call_2")
+    return {"role": "assistant", "content": str(tools[0]["content"])}
+
+
+def _call(name: str, arguments: str, call_id: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+def play(env: Any, policy: Policy, index: int, split: str | None = None) -> tuple[float, bool, bool, dict, list]:
+    """One episode through the Gymnasium API; returns (reward, terminated, truncated, info, history)."""
+    options: dict[str, Any] = {"index": index}
+    if split:
+        options["split"] = split
+    obs, info = env.reset(options=options)
+    history = list(obs)
+    for _ in range(20):
+        action = policy(history)
+        history.append(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        history += obs
+        if terminated or truncated:
+            return float(reward), terminated, truncated, info, history
+    raise AssertionError("the episode did not end")
+
+
+def library_rewards(taskset: str, policy: Policy, indices: list[int], env_args: dict | None = None,
+                    max_turns: int | None = None) -> dict[int, tuple[float, dict, str | None]]:
+    """The library's own evaluation of the same tasks with the same answers: index -> (reward, metrics, stop)."""
+    async def run() -> dict[int, tuple[float, dict, str | None]]:
+        config = vf.resolve_env_config({
+            "taskset": {"id": taskset, **(env_args or {})},
+            "agent": {"runtime": {"type": "subprocess"}, "harness": {"id": "null"}, "max_turns": max_turns},
+        })
+        env = vf.load_environment(config)
+        tasks = list(env.taskset)
+        out = {}
+        with OpenAIStub(lambda body: policy(body["messages"])) as stub:
+            ctx = vf.ModelContext(model="stub", client=vf.EvalClientConfig(base_url=stub.url, api_key_var="NO_SUCH_KEY"))
+            async with env.serving():
+                for i in indices:
+                    episode = await env.run_episode(tasks[i], ctx)
+                    trace = episode.traces[-1]
+                    assert trace.ok, trace.errors
+                    out[i] = (float(trace.reward), dict(trace.metrics), trace.stop_condition)
+        return out
+
+    return asyncio.run(run())
+
+
+# -- processes and tasks ---------------------------------------------------------------------------
+
+def descendants(root: int | None = None) -> dict[int, str]:
+    """Live (non-zombie) descendants of this process: pid -> command line."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: dict[int, str] = {}
+    stack = list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                found[pid] = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        stack += children.get(pid, [])
+    return found
+
+
+def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:
+    """The ``pids`` still alive after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = pids & set(descendants())
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def loop_tasks() -> set[int]:
+    async def snapshot() -> set[int]:
+        return {id(t) for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+
+    return runtime.run_sync(snapshot(), 10)
+
+
+def wait_tasks(before: set[int], timeout: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = loop_tasks() - before
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.1)
+
+
+# -- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def arith_env() -> Iterator[AgentEnv]:
+    env = AgentEnv(VerifiersV1Adapter(source=ARITH))
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def arith_rewards(arith_env: AgentEnv) -> dict[int, tuple[float, bool, bool, dict]]:
+    """The adapter's episodes of every train task with ``arith_policy``."""
+    out = {}
+    for i in range(arith_env.num_tasks("train")):
+        reward, terminated, truncated, info, _ = play(arith_env, arith_policy, i)
+        out[i] = (reward, terminated, truncated, info)
+    return out
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+def test_tasks_and_splits(arith_env: AgentEnv) -> None:
+    base = arith_env.unwrapped
+    assert [(s.name, s.type) for s in base.splits()] == [("train", "train"), ("test", "test")]
+    assert base.num_tasks("train") == 3 and base.num_tasks("test") == 2
+    task = base.task("test", 1)
+    assert task["prompt"] == "What is 3 * 3?" and task["answer"] == "9" and task["type"] == "ArithTask"
+    obs, info = arith_env.reset(options={"split": "test", "index": 0})
+    assert obs == [{"role": "system", "content": "Answer with the number only."},
+                   {"role": "user", "content": "What is 9 + 9?"}]
+    assert info["tools"] == [] and info["task_id"] == "test-0" and info["harness"] == "null"
+    _, reward, terminated, truncated, info = arith_env.step("18")
+    assert (reward, terminated, truncated, info["stop_condition"]) == (1.0, True, False, "agent_completed")
+
+
+def test_chat_rewards_equal_the_library_evaluation(arith_rewards: dict) -> None:
+    ours = {i: r[0] for i, r in arith_rewards.items()}
+    theirs = library_rewards("vf1_arith", arith_policy, [0, 1, 2])
+    assert ours == {i: t[0] for i, t in theirs.items()} == {0: 1.0, 1: 1.0, 2: 0.0}
+    for reward, terminated, truncated, info in arith_rewards.values():
+        assert terminated and not truncated and info["stop_condition"] == "agent_completed"
+        assert info["rewards"] == {"exact_match": reward} and "error" not in info
+
+
+def test_tool_rewards_equal_the_library_evaluation() -> None:
+    """Per-rollout tool servers: the reward, metrics and stop condition are the library's."""
+    before = set(descendants())
+    with ThreadPoolExecutor(1) as pool:  # the library's run overlaps ours: half the wall time
+        library = pool.submit(library_rewards, "vf1_calc", calc_policy, [0])
+        env = AgentEnv(VerifiersV1Adapter(source=CALC))
+        try:
+            reward, terminated, truncated, info, history = play(env, calc_policy, 0)
+        finally:
+            env.close()
+        theirs = library.result()[0]
+    tool_results = [m for m in history if m["role"] == "tool"]
+    assert tool_results[0]["content"] == "156" and tool_results[0]["tool_call_id"] == "call_1"
+    assert "unknown tool" in tool_results[1]["content"]  # the library's own answer, episode went on
+    assert (reward, info["metrics"], info["stop_condition"]) == theirs == (1.0, {"tool_calls": 2.0}, "agent_completed")
+    assert terminated and not truncated
+    assert not wait_gone(set(descendants()) - before), "processes outlived the episode"
+
+
+def test_bad_json_and_unknown_tools_reach_the_agent() -> None:
+    env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=SHARED))
+    try:
+        obs, info = env.reset(options={"index": 1})
+        assert [t["function"]["name"] for t in info["tools"]] == ["calc_multiply"]
+        obs, reward, terminated, truncated, info = env.step(_call("calc_multiply", '{"a": 7, "b": ', "bad1"))
+        assert obs[0]["role"] == "tool" and obs[0]["tool_call_id"] == "bad1" and "not valid JSON" in obs[0]["content"]
+        assert not (terminated or truncated) and info["invalid_action"] == "bad_arguments"
+        obs, *_ = env.step(_call("calc_multiply", "[7, 8]", "bad2"))
+        assert "JSON object" in obs[0]["content"]
+        obs, reward, terminated, truncated, _ = env.step(_call("nope", "{}", "c3"))
+        assert obs == [{"role": "tool", "tool_call_id": "c3", "content": "error: unknown tool 'nope'", "name": "nope"}]
+        assert not (terminated or truncated)
+        # A valid call next to a bad one: the valid one runs, the bad one is answered locally.
+        both = _call("calc_multiply", '{"a": 7, "b": 8}', "ok")
+        both["tool_calls"].append({"id": "bad3", "type": "function", "function": {"name": "calc_multiply", "arguments": "{"}})
+        obs, *_ = env.step(both)
+        assert [(m["tool_call_id"], m["content"][:5]) for m in obs] == [("ok", "56"), ("bad3", "Error")]
+        obs, reward, terminated, truncated, info = env.step("56")
+        assert (reward, terminated, truncated) == (1.0, True, False)
+        assert info["num_turns"] == 3  # the unparseable actions were never the library's turns
+    finally:
+        env.close()
+
+
+def test_limit_stop_is_truncation() -> None:
+    env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=SHARED, max_turns=1))
+    try:
+        env.reset(options={"index": 0})
+        obs, reward, terminated, truncated, info = env.step(_call("calc_multiply", '{"a": 12, "b": 13}', "c1"))
+    finally:
+        env.close()
+    assert (obs, reward, terminated, truncated) == ([], 0.0, False, True)
+    assert info["stop_condition"] == "max_turns" and "error" not in info
+
+
+def test_reset_mid_episode_stops_the_old_rollout(arith_env: AgentEnv) -> None:
+    before = set(descendants())
+    arith_env.reset(options={"index": 0})
+    first = set(descendants()) - before
+    assert first, "the rollout's harness runs as a child process"
+    arith_env.reset(options={"index": 1})  # abandons the first rollout while its harness waits
+    assert not wait_gone(first), "the abandoned rollout's processes are still running"
+    _, reward, terminated, *_ = arith_env.step("42")
+    assert (reward, terminated) == (1.0, True)
+    assert not wait_gone(set(descendants()) - before)
+
+
+def test_close_mid_episode_leaves_nothing_running() -> None:
+    before_pids, before_tasks = set(descendants()), loop_tasks()
+    env = AgentEnv(VerifiersV1Adapter(source=CALC))
+    env.reset(options={"index": 0})
+    env.step(_call("calc_multiply", '{"a": 12, "b": 13}', "c1"))  # the tool server has served a call
+    running = descendants()
+    started = set(running) - before_pids
+    commands = [running[p] for p in started]
+    assert any("vf1_calc.tools" in c for c in commands), commands  # the per-rollout tool server
+    assert any("--base-url=" in c for c in commands), commands  # the harness program
+    env.close()  # while the harness waits for the model
+    assert not wait_gone(started), "processes outlived close()"
+    assert not wait_tasks(before_tasks), "asyncio tasks outlived close()"
+
+
+def test_vector_env_rewards_equal_single_envs(arith_rewards: dict) -> None:
+    from openenv_gym import vector
+
+    before = set(descendants())
+    envs = vector.make(3, AdapterSpec("openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter", {"source": str(ARITH)}))
+    try:
+        obs, infos = envs.reset(seed=[0, 1, 2])
+        indices = list(infos["index"])
+        actions = [arith_policy(o) for o in obs]
+        _, rewards, terminated, truncated, _ = envs.step(actions)
+    finally:
+        envs.close()
+    assert [float(r) for r in rewards] == [arith_rewards[i][0] for i in indices]
+    assert all(terminated) and not any(truncated)
+    assert not wait_gone(set(descendants()) - before)
+
+
+def test_check_env(arith_env: AgentEnv) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(arith_env, skip_render_check=True)
+
+
+def test_http_transport_gives_the_same_rewards(arith_rewards: dict) -> None:
+    """The no-private-API path (a local OpenAI-compatible endpoint) plays the same episodes."""
+    env = AgentEnv(VerifiersV1Adapter(source=ARITH, transport="http"))
+    try:
+        assert env.reset(options={"index": 0})[1]["transport"] == "http"
+        rewards = {i: play(env, arith_policy, i)[0] for i in (0, 2)}
+    finally:
+        env.close()
+    assert rewards == {i: arith_rewards[i][0] for i in (0, 2)}
+
+
+# -- configuration and version gating (no processes) ---------------------------------------------
+
+def _package(tmp_path: Path, name: str, body: str, pyproject: str | None = None) -> Path:
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent(body))
+    if pyproject is not None:
+        (pkg / "pyproject.toml").write_text(textwrap.dedent(pyproject))
+    return pkg
+
+
+def test_a_source_needing_newer_names_is_refused(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, "vf1_future", """
+        import verifiers.v1 as vf
+        from verifiers.v1 import Taskset, HoloDeck
+
+        class FutureTaskset(vf.Taskset):
+            def load(self):
+                return [vf.QuantumTask()]
+
+        __all__ = ["FutureTaskset"]
+    """)
+    with pytest.raises(ConfigurationError, match=r"HoloDeck.*QuantumTask.*newer verifiers|QuantumTask"):
+        v1mod.check_source_compat(pkg)
+    adapter = VerifiersV1Adapter(source=pkg)
+    with pytest.raises(ConfigurationError, match="newer verifiers"):
+        runtime.run_sync(adapter.start(), 60)
+    runtime.run_sync(adapter.aclose(), 60)
+
+
+def test_a_source_requiring_a_newer_release_is_refused(tmp_path: Path) -> None:
+    pkg = _package(tmp_path, "vf1_pinned", "import verifiers.v1 as vf\n",
+                   '[project]\nname = "vf1-pinned"\ndependencies = ["verifiers>=99.0"]\n')
+    with pytest.raises(ConfigurationError, match=r"verifiers>=99.0"):
+        v1mod.check_source_compat(pkg)
+
+
+def test_missing_verifiers_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "verifiers", None)
+    monkeypatch.setitem(sys.modules, "verifiers.v1", None)
+    with pytest.raises(ConfigurationError, match=r"pip install 'verifiers>=0.4'"):
+        v1mod._import_v1()
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ConfigurationError):
+        VerifiersV1Adapter()
+    with pytest.raises(ConfigurationError, match="timeout"):
+        VerifiersV1Adapter(env_id="x", timeouts={"agent": 1})
+    with pytest.raises(ConfigurationError):
+        VerifiersV1Adapter(env_id="x", transport="carrier-pigeon")
+    with pytest.raises(FileNotFoundError):
+        VerifiersV1Adapter(source="/nonexistent/vf1_nothing")
+    adapter = VerifiersV1Adapter(env_id="vf1_no_such_taskset_anywhere")
+    with pytest.raises(ConfigurationError, match="cannot be imported"):
+        runtime.run_sync(adapter.start(), 60)
