@@ -28,7 +28,12 @@ sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    The one copy of this for every server the package starts (this file must stay importable
+    without openenv_gym, since it may run under another interpreter, so it lives here).
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     args = parser.parse_args(argv)
 
-    _die_with_parent(args.parent_pid)
+    die_with_parent(args.parent_pid)
     os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
     import uvicorn
 

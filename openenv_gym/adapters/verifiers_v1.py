@@ -71,7 +71,7 @@ from openenv_gym.errors import (
 )
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
-__all__ = ["VerifiersV1Adapter", "VerifiersV1Episode", "check_source_compat", "make_env", "make_vec"]
+__all__ = ["VerifiersV1Adapter", "VerifiersV1Episode", "check_source_compat"]
 
 logger = logging.getLogger(__name__)
 
@@ -430,6 +430,13 @@ def _tool_specs(raw: Any) -> list[ToolSpec]:
     return specs
 
 
+def _arguments(call: ParsedCall) -> str:
+    """The arguments as the agent wrote them when it wrote a string (even invalid JSON: the
+    harness answers that in its own words, and the trace records what the agent did)."""
+    raw = getattr(call, "raw_arguments", None)
+    return raw if raw is not None else json.dumps(call.arguments or {})
+
+
 def _completion(text: str | None, calls: list[ParsedCall], model: Any) -> dict[str, Any]:
     """The agent's message as an OpenAI ``chat.completion`` (what a provider would have returned).
 
@@ -441,8 +448,7 @@ def _completion(text: str | None, calls: list[ParsedCall], model: Any) -> dict[s
         message["content"] = ""
     if calls:
         message["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments or {})}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
             for c in calls
         ]
     return {
@@ -494,6 +500,26 @@ def _ensure_uv() -> str | None:
         os.environ["PATH"] = str(bindir) + os.pathsep + os.environ.get("PATH", "")
         return str(bindir)
     return None
+
+
+def _resolve_source(source: Path) -> tuple[Path, str]:
+    """(the directory to import from, the taskset module name) for a source path.
+
+    Accepts a package folder (``my_env/__init__.py``), a module file (``my_env.py``), or a
+    project folder holding either under its own name (``my-env/my_env.py``,
+    ``my-env/my_env/__init__.py``: the layout of ``prime env init`` projects).
+    """
+    source = source.resolve()
+    if source.is_file():
+        return source.parent, source.stem
+    if (source / "__init__.py").is_file():
+        return source.parent, source.name
+    name = source.name.replace("-", "_")
+    if (source / f"{name}.py").is_file() or (source / name / "__init__.py").is_file():
+        return source, name
+    raise ConfigurationError(
+        f"cannot tell the taskset module in {str(source)!r}: expected a package (__init__.py), "
+        f"{name}.py or {name}/__init__.py; or pass the module's path as source=")
 
 
 def _add_import_root(parent: Path) -> None:
@@ -576,6 +602,11 @@ class VerifiersV1Adapter(Adapter):
         max_tasks: read at most this many tasks per split (required for infinite tasksets).
         transport: ``"auto"`` (``"inject"`` when the private ``InterceptionServer._client`` hook
             exists, else ``"http"``), ``"inject"`` or ``"http"``: see the module docstring.
+        bad_arguments: tool calls whose arguments are not a JSON object: ``"forward"`` (default)
+            sends them to the harness as written (the bundled chat programs answer them with an
+            ``error: invalid JSON ...`` tool result and go on; unknown tools likewise), or
+            ``"answer"``: the adapter answers them with a tool message and never forwards them
+            (for a harness that would crash on them).
 
     Notes: the first reset may take seconds (``uv sync --script`` of the harness, cached after;
     each per-rollout tool server adds a ``python -m`` start). ``uv`` is looked up on ``PATH``,
@@ -600,6 +631,7 @@ class VerifiersV1Adapter(Adapter):
         model: str = "openenv-gym-policy",
         max_tasks: int | None = None,
         transport: str = "auto",
+        bad_arguments: str = "forward",
     ):
         super().__init__()
         if env_id is None and source is None:
@@ -610,13 +642,19 @@ class VerifiersV1Adapter(Adapter):
             raise ConfigurationError("max_tasks must be a positive integer or None")
         if transport not in ("auto", "inject", "http"):
             raise ConfigurationError("transport must be 'auto', 'inject' or 'http'")
+        if bad_arguments not in ("forward", "answer"):
+            raise ConfigurationError("bad_arguments must be 'forward' or 'answer'")
         unknown = set(timeouts or {}) - {"setup", "rollout", "finalize", "scoring"}
         if unknown:
             raise ConfigurationError(f"unknown timeout stage(s) {sorted(unknown)}; use setup, rollout, finalize, scoring")
         self.source = Path(source).expanduser() if source is not None else None
-        if self.source is not None and not self.source.exists():
-            raise SourceNotFound(f"taskset source {str(self.source)!r} does not exist")
-        self.env_id = env_id or (self.source.stem if self.source is not None else "")
+        self._import_root: Path | None = None
+        module = None
+        if self.source is not None:
+            if not self.source.exists():
+                raise SourceNotFound(f"taskset source {str(self.source)!r} does not exist")
+            self._import_root, module = _resolve_source(self.source)
+        self.env_id = env_id or module or ""
         self.env_args = dict(env_args or {})
         self.harness = harness
         self.max_turns = max_turns
@@ -625,6 +663,7 @@ class VerifiersV1Adapter(Adapter):
         self.model = model
         self.max_tasks = max_tasks
         self.transport = transport
+        self.bad_arguments = bad_arguments
         self.uv_path_added: str | None = None
         self._vf: Any = None
         self._env: Any = None
@@ -639,6 +678,7 @@ class VerifiersV1Adapter(Adapter):
         self._started = False
         self._closed = False
         self.harness_id: str | None = None
+        self.transport_used: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -664,10 +704,9 @@ class VerifiersV1Adapter(Adapter):
     def _load(self) -> None:
         vf = self._vf = _import_v1()
         self.uv_path_added = _ensure_uv()
-        if self.source is not None:
-            source = self.source.resolve()
-            check_source_compat(source, vf)
-            _add_import_root(source.parent)
+        if self.source is not None and self._import_root is not None:
+            check_source_compat(self.source.resolve(), vf)
+            _add_import_root(self._import_root)
         config_data: dict[str, Any] = {"taskset": {"id": self.env_id, **self.env_args}}
         try:
             env = vf.load_environment(vf.resolve_env_config(config_data))
@@ -689,7 +728,8 @@ class VerifiersV1Adapter(Adapter):
             else:
                 ts = type(taskset)(taskset.config.model_copy(update={"split": name}))
             self._splits_tasks[name] = _SplitTasks(ts)
-        self._materialize(self._split_names[0] if current is None else (current if current in self._splits_tasks else self._split_names[0]))
+        # The configured split is read now: a taskset whose load() fails says so at construction.
+        self._materialize(current if current in self._splits_tasks else self._split_names[0])
         self._agent_config = self._build_agent_config(vf)
 
     def _build_agent_config(self, vf: Any) -> Any:
@@ -869,7 +909,7 @@ class VerifiersV1Adapter(Adapter):
 
     def info(self) -> dict[str, Any]:
         return {"backend": self.kind, "taskset": self.env_id, "harness": self.harness_id,
-                "transport": getattr(self, "transport_used", self.transport)}
+                "transport": self.transport_used or self.transport}
 
 
 class VerifiersV1Episode(Episode):
@@ -882,6 +922,7 @@ class VerifiersV1Episode(Episode):
         self._pending: _Call | None = None
         self._trace_ids: list[str] = []
         self._prev_len = 0
+        self._prev_last: Any = None
         self._tools_raw: Any = None
         self._tools: dict[str, ToolSpec] = {}
         self.trace: Any = None
@@ -919,7 +960,7 @@ class VerifiersV1Episode(Episode):
             raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call ({what})")
         self._pending = call
         messages = list(call.body.get("messages") or [])
-        self._prev_len = len(messages)
+        self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
         self._tools_raw = call.body.get("tools")
         tools = _tool_specs(self._tools_raw)
         self._tools = {t.name: t for t in tools}
@@ -974,13 +1015,17 @@ class VerifiersV1Episode(Episode):
         if turn.error is not None:
             return Outcome([user_message(f"Your last message could not be read: {turn.error}.")],
                            info={"invalid_action": "unreadable"})
-        # Unparseable tool arguments never reach the library: the raw text is not kept by the
-        # action parser, and a made-up stand-in would put a call the agent never wrote on the
-        # trace. The agent gets the reason as the tool's answer; valid calls of the same message
-        # go on. An action made only of such calls leaves the model call pending (not a turn).
-        bad = [c for c in turn.calls if c.error is not None]
+        # Unparseable arguments: by default they go to the harness as written (the bundled chat
+        # programs answer "error: invalid JSON ..." as the tool result and go on, and the trace
+        # records what the agent did). With bad_arguments="answer" (for a harness that would
+        # crash on them), or when the raw text is unknown, the adapter answers them itself and
+        # they never reach the library; an action made only of such calls then leaves the model
+        # call pending (it is not one of the library's turns).
+        forward_raw = self.adapter.bad_arguments == "forward"
+        good = [c for c in turn.calls
+                if c.error is None or (forward_raw and getattr(c, "raw_arguments", None) is not None)]
+        bad = [c for c in turn.calls if not any(c is g for g in good)]
         local: list[Message] = [tool_message(c.id, c.name, check_call(c, self._tools) or "") for c in bad]
-        good = [c for c in turn.calls if c.error is None]
         if bad and not good:
             return Outcome(local, info={"invalid_action": "bad_arguments", "forwarded": False})
         call, self._pending = self._pending, None
@@ -994,12 +1039,19 @@ class VerifiersV1Episode(Episode):
         self._pending = nxt
         messages = list(nxt.body.get("messages") or [])
         info: dict[str, Any] = {}
-        if len(messages) > self._prev_len:
-            new = messages[self._prev_len + 1:]
+        n = self._prev_len
+        if len(messages) > n and (n == 0 or messages[n - 1] == self._prev_last):
+            new = messages[n + 1:]  # after the last request's messages and the agent's reply
         else:  # the harness rewrote its context (compaction): show it whole
             new = messages
             info["context_reset"] = True
-        self._prev_len = len(messages)
+        self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
+        names = {c.id: c.name for c in good}
+        for message in new:
+            # Older chat programs (verifiers 0.3) leave ``name`` off tool results; the package's
+            # observations always carry it.
+            if message.get("role") == "tool" and "name" not in message and message.get("tool_call_id") in names:
+                message["name"] = names[message["tool_call_id"]]
         tools = None
         if nxt.body.get("tools") != self._tools_raw:
             self._tools_raw = nxt.body.get("tools")
@@ -1059,31 +1111,3 @@ class VerifiersV1Episode(Episode):
         for call in pending:
             if not call.future.done():
                 call.future.cancel()
-
-
-# -- Gymnasium entry points ----------------------------------------------------------------------
-
-def make_env(*, split: str | None = None, render_mode: str | None = None, env_max_turns: int | None = None,
-             **adapter_kwargs: Any):
-    """Gymnasium entry point: an ``AgentEnv`` over a ``VerifiersV1Adapter``.
-
-    ``max_turns`` goes to the library (its own limit); ``env_max_turns`` is the env's own cap
-    on agent actions.
-    """
-    from openenv_gym.env import AgentEnv
-
-    return AgentEnv(VerifiersV1Adapter(**adapter_kwargs), split=split, max_turns=env_max_turns,
-                    render_mode=render_mode)
-
-
-def make_vec(num_envs: int = 1, *, split: str | None = None, env_max_turns: int | None = None,
-             backend: str = "concurrent", vector_options: dict[str, Any] | None = None, **adapter_kwargs: Any):
-    """Gymnasium vector entry point. Sub-envs share one adapter by default (one loaded taskset,
-    one interception server multiplexing every rollout); ``max_turns`` goes to the library."""
-    from openenv_gym.adapters.base import AdapterSpec
-    from openenv_gym.vector import make
-
-    options = dict(vector_options or {})
-    options.setdefault("envs_per_client", max(1, num_envs))
-    return make(num_envs, AdapterSpec("openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter", adapter_kwargs),
-                backend=backend, split=split, max_turns=env_max_turns, **options)

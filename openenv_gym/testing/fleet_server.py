@@ -36,7 +36,6 @@ import asyncio
 import base64
 import contextlib
 import contextvars
-import ctypes
 import hashlib
 import hmac
 import io
@@ -45,11 +44,9 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import sqlite3
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -69,6 +66,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mcp.server.transport_security import TransportSecuritySettings
+
+from openenv_gym.adapters.ors_serve import die_with_parent
 
 try:  # mcp 2.x
     from mcp.server.mcpserver import Image, MCPServer as _MCPServerClass
@@ -1101,20 +1100,6 @@ def _parse_json(body: bytes) -> Any:
 # --------------------------------------------------------------------------- process
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGTERM us when the parent dies (as ``adapters/ors_serve.py`` does)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent's atexit hook still stops us
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        sys.exit(1)
-
-
 def _bind(port: int) -> socket.socket:
     # IPPROTO_TCP so asyncio sets TCP_NODELAY (else Nagle + delayed ACK add ~40 ms per response).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -1198,7 +1183,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.parent_pid:
-        _die_with_parent(args.parent_pid)
+        die_with_parent(args.parent_pid)
     # Taken out of the environment so verifier code running in this process cannot read it.
     api_key = args.api_key or os.environ.pop(API_KEY_ENV, None) or "test-key"
     serve(ServerOptions(

@@ -19,6 +19,7 @@ from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import EnvSession
+from openenv_gym.vector.ops import call_each
 from openenv_gym.vector.base import AgentVectorEnv
 from openenv_gym.vector.ops import Op, run_op
 
@@ -113,15 +114,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        out = []
-        for session in self._sessions:
-            attr = getattr(session, name)
-            if callable(attr):
-                attr = attr(*args, **kwargs)
-                if asyncio.iscoroutine(attr):
-                    attr = await attr
-            out.append(attr)
-        return out
+        return await call_each(self._sessions, name, args, kwargs)
 
     async def _set_attr(self, name: str, values: list[Any]) -> None:
         for session, value in zip(self._sessions, values):

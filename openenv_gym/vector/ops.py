@@ -11,6 +11,7 @@ others. Every backend (in-process or in a Ray actor) runs ops through this one f
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from openenv_gym.errors import ConfigurationError
 from openenv_gym.session import EnvSession
 from openenv_gym.wire import Message
 
-__all__ = ["Op", "Result", "run_op", "encode_ops", "decode_ops", "encode_results", "decode_results"]
+__all__ = ["Op", "Result", "run_op", "call_each", "encode_ops", "decode_ops", "encode_results", "decode_results"]
 
 
 class Op(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -98,6 +99,19 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> R
 _ops_decoder = msgspec.msgpack.Decoder(list[Op])
 _results_decoder = msgspec.msgpack.Decoder(list[Result])
 _encoder = msgspec.msgpack.Encoder()
+
+
+async def call_each(sessions: Iterable[EnvSession], name: str, args: tuple, kwargs: dict) -> list[Any]:
+    """``VectorEnv.call`` on the sessions: call ``name`` (awaiting coroutines) or read it, in order."""
+    out = []
+    for session in sessions:
+        attr = getattr(session, name)
+        if callable(attr):
+            attr = attr(*args, **kwargs)
+            if asyncio.iscoroutine(attr):
+                attr = await attr
+        out.append(attr)
+    return out
 
 
 def encode_ops(ops: list[Op]) -> bytes:

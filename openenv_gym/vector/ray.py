@@ -47,7 +47,9 @@ from openenv_gym.errors import BackendTimeout, ConfigurationError
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import EnvSession
 from openenv_gym.vector.base import AgentVectorEnv
-from openenv_gym.vector.ops import Op, Result, decode_ops, decode_results, encode_ops, encode_results, run_op
+from openenv_gym.vector.ops import (
+    Op, Result, call_each, decode_ops, decode_results, encode_ops, encode_results, run_op,
+)
 from openenv_gym.wire import ToolSpec
 
 try:
@@ -258,15 +260,7 @@ class EnvHost:
     async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         """Call (or read) ``name`` on each hosted session, in the order of this host's env ids."""
         await self._ensure_started()
-        out = []
-        for i in self._ids:
-            attr = getattr(self._sessions[i], name)
-            if callable(attr):
-                attr = attr(*args, **kwargs)
-                if asyncio.iscoroutine(attr):
-                    attr = await attr
-            out.append(attr)
-        return out
+        return await call_each((self._sessions[i] for i in self._ids), name, args, kwargs)
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         """Set ``name`` on each hosted session (``values`` in the order of this host's env ids)."""

@@ -61,13 +61,15 @@ def arith_policy(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def calc_policy(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Multiply with the tool, then call a tool that does not exist, then answer."""
+    """Multiply with the tool, send broken JSON, call a tool that does not exist, then answer."""
     tools = [m for m in messages if m["role"] == "tool"]
     if not tools:
         a, b = re.findall(r"\d+", next(m["content"] for m in messages if m["role"] == "user"))[:2]
         return _call("calc_multiply", f'{{"a": {a}, "b": {b}}}', "call_1")
     if len(tools) == 1:
-        return _call("nope", "{}", "call_2")
+        return _call("calc_multiply", '{"a": 1, "b": ', "call_2")
+    if len(tools) == 2:
+        return _call("nope", "{}", "call_3")
     return {"role": "assistant", "content": str(tools[0]["content"])}
 
 
@@ -182,13 +184,23 @@ def arith_env() -> Iterator[AgentEnv]:
 
 
 @pytest.fixture(scope="module")
-def arith_rewards(arith_env: AgentEnv) -> dict[int, tuple[float, bool, bool, dict]]:
-    """The adapter's episodes of every train task with ``arith_policy``."""
-    out = {}
-    for i in range(arith_env.num_tasks("train")):
-        reward, terminated, truncated, info, _ = play(arith_env, arith_policy, i)
-        out[i] = (reward, terminated, truncated, info)
-    return out
+def arith_runs(arith_env: AgentEnv) -> tuple[dict[int, tuple[float, bool, bool, dict]], dict[int, tuple]]:
+    """(the adapter's episodes, the library's own evaluation) of every train task with ``arith_policy``.
+
+    The library's run overlaps ours in a thread: both are mostly subprocess start-up.
+    """
+    with ThreadPoolExecutor(1) as pool:
+        library = pool.submit(library_rewards, "vf1_arith", arith_policy, [0, 1, 2])
+        ours = {}
+        for i in range(arith_env.num_tasks("train")):
+            reward, terminated, truncated, info, _ = play(arith_env, arith_policy, i)
+            ours[i] = (reward, terminated, truncated, info)
+        return ours, library.result()
+
+
+@pytest.fixture(scope="module")
+def arith_rewards(arith_runs: tuple) -> dict[int, tuple[float, bool, bool, dict]]:
+    return arith_runs[0]
 
 
 # -- tests -------------------------------------------------------------------------------------
@@ -207,9 +219,9 @@ def test_tasks_and_splits(arith_env: AgentEnv) -> None:
     assert (reward, terminated, truncated, info["stop_condition"]) == (1.0, True, False, "agent_completed")
 
 
-def test_chat_rewards_equal_the_library_evaluation(arith_rewards: dict) -> None:
+def test_chat_rewards_equal_the_library_evaluation(arith_runs: tuple) -> None:
+    arith_rewards, theirs = arith_runs
     ours = {i: r[0] for i, r in arith_rewards.items()}
-    theirs = library_rewards("vf1_arith", arith_policy, [0, 1, 2])
     assert ours == {i: t[0] for i, t in theirs.items()} == {0: 1.0, 1: 1.0, 2: 0.0}
     for reward, terminated, truncated, info in arith_rewards.values():
         assert terminated and not truncated and info["stop_condition"] == "agent_completed"
@@ -228,40 +240,57 @@ def test_tool_rewards_equal_the_library_evaluation() -> None:
             env.close()
         theirs = library.result()[0]
     tool_results = [m for m in history if m["role"] == "tool"]
-    assert tool_results[0]["content"] == "156" and tool_results[0]["tool_call_id"] == "call_1"
-    assert "unknown tool" in tool_results[1]["content"]  # the library's own answer, episode went on
-    assert (reward, info["metrics"], info["stop_condition"]) == theirs == (1.0, {"tool_calls": 2.0}, "agent_completed")
+    assert [(m["tool_call_id"], m["name"]) for m in tool_results] == [
+        ("call_1", "calc_multiply"), ("call_2", "calc_multiply"), ("call_3", "nope")]
+    assert tool_results[0]["content"] == "156"
+    assert "invalid JSON" in tool_results[1]["content"]  # the harness's own answers; the episode went on
+    assert "unknown tool" in tool_results[2]["content"]
+    assert (reward, info["metrics"], info["stop_condition"]) == theirs == (1.0, {"tool_calls": 3.0}, "agent_completed")
     assert terminated and not truncated
     assert not wait_gone(set(descendants()) - before), "processes outlived the episode"
 
 
 def test_bad_json_and_unknown_tools_reach_the_agent() -> None:
+    """Shared tool server; bad JSON, a JSON non-object and unknown tools are tool results, and play goes on."""
     env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=SHARED))
     try:
         obs, info = env.reset(options={"index": 1})
         assert [t["function"]["name"] for t in info["tools"]] == ["calc_multiply"]
         obs, reward, terminated, truncated, info = env.step(_call("calc_multiply", '{"a": 7, "b": ', "bad1"))
-        assert obs[0]["role"] == "tool" and obs[0]["tool_call_id"] == "bad1" and "not valid JSON" in obs[0]["content"]
-        assert not (terminated or truncated) and info["invalid_action"] == "bad_arguments"
+        assert [(m["role"], m["tool_call_id"]) for m in obs] == [("tool", "bad1")]
+        assert "invalid JSON" in obs[0]["content"] and not (terminated or truncated)
         obs, *_ = env.step(_call("calc_multiply", "[7, 8]", "bad2"))
-        assert "JSON object" in obs[0]["content"]
+        assert "must be a JSON object" in obs[0]["content"]
         obs, reward, terminated, truncated, _ = env.step(_call("nope", "{}", "c3"))
         assert obs == [{"role": "tool", "tool_call_id": "c3", "content": "error: unknown tool 'nope'", "name": "nope"}]
         assert not (terminated or truncated)
-        # A valid call next to a bad one: the valid one runs, the bad one is answered locally.
-        both = _call("calc_multiply", '{"a": 7, "b": 8}', "ok")
+        both = _call("calc_multiply", '{"a": 7, "b": 8}', "ok")  # one good call, one bad, in one message
         both["tool_calls"].append({"id": "bad3", "type": "function", "function": {"name": "calc_multiply", "arguments": "{"}})
         obs, *_ = env.step(both)
-        assert [(m["tool_call_id"], m["content"][:5]) for m in obs] == [("ok", "56"), ("bad3", "Error")]
+        assert [m["tool_call_id"] for m in obs] == ["ok", "bad3"] and obs[0]["content"] == "56"
         obs, reward, terminated, truncated, info = env.step("56")
         assert (reward, terminated, truncated) == (1.0, True, False)
-        assert info["num_turns"] == 3  # the unparseable actions were never the library's turns
+        assert info["num_turns"] == 5 and info["metrics"] == {"tool_calls": 5.0}
+    finally:
+        env.close()
+
+
+def test_bad_arguments_answered_by_the_adapter() -> None:
+    """``bad_arguments="answer"``: for harnesses that cannot take broken JSON; never forwarded."""
+    env = AgentEnv(VerifiersV1Adapter(source=ARITH, bad_arguments="answer"))
+    try:
+        env.reset(options={"index": 0})
+        obs, reward, terminated, truncated, info = env.step(_call("anything", "{oops", "b1"))
+        assert obs[0]["tool_call_id"] == "b1" and "not valid JSON" in obs[0]["content"]
+        assert info["forwarded"] is False and not (terminated or truncated)
+        obs, reward, terminated, truncated, info = env.step("5")
+        assert (reward, terminated, info["num_turns"]) == (1.0, True, 1)  # the bad action was no turn
     finally:
         env.close()
 
 
 def test_limit_stop_is_truncation() -> None:
-    env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=SHARED, max_turns=1))
+    env = AgentEnv(VerifiersV1Adapter(source=CALC, max_turns=1))
     try:
         env.reset(options={"index": 0})
         obs, reward, terminated, truncated, info = env.step(_call("calc_multiply", '{"a": 12, "b": 13}', "c1"))
@@ -325,11 +354,11 @@ def test_http_transport_gives_the_same_rewards(arith_rewards: dict) -> None:
     """The no-private-API path (a local OpenAI-compatible endpoint) plays the same episodes."""
     env = AgentEnv(VerifiersV1Adapter(source=ARITH, transport="http"))
     try:
-        assert env.reset(options={"index": 0})[1]["transport"] == "http"
-        rewards = {i: play(env, arith_policy, i)[0] for i in (0, 2)}
+        reward, terminated, _, info, _ = play(env, arith_policy, 1)
+        assert env.unwrapped.adapter.info()["transport"] == "http"
     finally:
         env.close()
-    assert rewards == {i: arith_rewards[i][0] for i in (0, 2)}
+    assert (reward, terminated, info["stop_condition"]) == (arith_rewards[1][0], True, "agent_completed")
 
 
 # -- configuration and version gating (no processes) ---------------------------------------------
@@ -383,8 +412,25 @@ def test_bad_arguments() -> None:
         VerifiersV1Adapter(env_id="x", timeouts={"agent": 1})
     with pytest.raises(ConfigurationError):
         VerifiersV1Adapter(env_id="x", transport="carrier-pigeon")
+    with pytest.raises(ConfigurationError):
+        VerifiersV1Adapter(env_id="x", bad_arguments="ignore")
     with pytest.raises(FileNotFoundError):
         VerifiersV1Adapter(source="/nonexistent/vf1_nothing")
     adapter = VerifiersV1Adapter(env_id="vf1_no_such_taskset_anywhere")
     with pytest.raises(ConfigurationError, match="cannot be imported"):
         runtime.run_sync(adapter.start(), 60)
+
+
+def test_source_layouts(tmp_path: Path) -> None:
+    """A package folder, a module file, or a project folder holding the module under its name."""
+    project = tmp_path / "my-env"
+    (project / "my_env").mkdir(parents=True)
+    (project / "my_env" / "__init__.py").write_text("")
+    assert v1mod._resolve_source(project) == (project.resolve(), "my_env")
+    assert v1mod._resolve_source(project / "my_env") == (project.resolve(), "my_env")
+    (tmp_path / "flat.py").write_text("")
+    assert v1mod._resolve_source(tmp_path / "flat.py") == (tmp_path.resolve(), "flat")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigurationError, match="cannot tell the taskset module"):
+        v1mod._resolve_source(tmp_path / "empty")
+    assert VerifiersV1Adapter(source=project).env_id == "my_env"

@@ -33,7 +33,7 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self):
         for n, (question, answer) in enumerate(QUESTIONS[self.config.split]):
             yield ArithTask(
-                ArithData(id=f"{self.config.split}-{n}", prompt=question, answer=answer,
+                ArithData(name=f"{self.config.split}-{n}", prompt=question, answer=answer,
                           system_prompt="Answer with the number only."),
                 self.config.task,
             )
