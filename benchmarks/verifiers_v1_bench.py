@@ -26,7 +26,6 @@ Sides alternate in rounds (the machine is shared and noisy); the figures are med
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import statistics

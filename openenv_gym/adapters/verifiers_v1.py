@@ -499,6 +499,11 @@ def _ensure_uv() -> str | None:
     if (bindir / "uv").exists():
         os.environ["PATH"] = str(bindir) + os.pathsep + os.environ.get("PATH", "")
         return str(bindir)
+    if (Path.home() / ".local" / "bin" / "uv").exists():
+        return None  # where the library installs uv, and looks first (its setup prepends it to PATH)
+    logger.warning("uv is not on PATH nor next to %s: the Verifiers runtime will try to install it "
+                   "(pip --user, then astral.sh), which needs network; `pip install uv` avoids that",
+                   sys.executable)
     return None
 
 
@@ -573,18 +578,24 @@ class _SplitTasks:
 class VerifiersV1Adapter(Adapter):
     """A Verifiers v1 taskset, played with the library's own agent loop (inverted control).
 
-    Each episode is ``vf.Agent(config).run(task)`` on the runtime loop; each model call its
-    harness makes is the observation (its new messages) and the action answers it. At the end
-    the reward is ``trace.reward`` (never ``None``), ``info`` holds ``rewards``, ``metrics``,
-    ``stop_condition``, ``num_turns``, ``trace_id`` and, when the trace failed, ``error``;
+    Each episode is ``vf.Agent(config).run(task)`` on the runtime loop. The observation at reset
+    is the messages of the harness's first model request (``info["tools"]``: its ``tools``,
+    ``info["trace_id"]``: the library's trace); each action answers the pending request, and the
+    next observation is what the harness appended since (tool results, ...). At the end the
+    reward is ``trace.reward`` (never ``None``), ``info`` holds ``rewards``, ``reward_weights``,
+    ``metrics``, ``stop_condition``, ``num_turns``, ``ok`` and, when the trace failed, ``error``;
     ``terminated`` on a clean end (``agent_completed`` or a task ``@stop``), ``truncated`` on a
-    limit (``max_turns``, token limits, ``<stage>_timeout``) or a failure.
+    limit (``max_turns``, token limits, ``context_length``, ``<stage>_timeout``) or a failure.
 
     Args:
         env_id: the taskset id as ``vf.resolve_env_config({"taskset": {"id": ...}})`` takes it
             (``owner/name@ver`` or a module name). Default: the name of ``source``.
-        source: a taskset package folder (or module file): its parent goes on ``sys.path`` and,
-            absolute, on ``PYTHONPATH`` (tool servers run as ``python -m <module>``).
+        source: a taskset package folder, a module file, or a project folder holding
+            ``<name>.py`` / ``<name>/__init__.py``: the directory it is imported from goes on
+            ``sys.path`` and, absolute, on ``PYTHONPATH`` (tool servers run as
+            ``python -m <module>``). Checked statically first: a source that uses
+            ``verifiers.v1`` names the installed release lacks, or whose ``pyproject.toml``
+            requires a newer ``verifiers``, is refused with a ConfigurationError.
         env_args: taskset config knobs (``--env.taskset.*``). A ``split`` knob typed as a
             ``Literal`` makes one split per value; without one there is a single ``train`` split.
         harness: harness id or config dict (``{"id": "bash", ...}``). Default: the harness the
@@ -592,10 +603,12 @@ class VerifiersV1Adapter(Adapter):
         max_turns: the library's own turn limit (``AgentConfig.max_turns``): the rollout stops
             with ``stop_condition="max_turns"``, scored on the partial trace (-> truncated).
         timeouts: ``vf.TimeoutConfig`` fields in seconds: ``setup``, ``rollout``, ``finalize``,
-            ``scoring``. **They count policy time**: the ``rollout`` stage runs while the harness
-            waits for the model, i.e. for your ``step()``; a slow trainer can make the library
-            fail the rollout (``info["error"]``, truncated). Unset stages take the task's own
-            ``TaskData.timeout``, else no limit.
+            ``scoring``. **They count policy time**: the ``rollout`` (agent) stage starts with
+            the harness program and runs while it waits for the model, i.e. for your
+            ``step()``; a slow trainer ends the rollout: truncated, scored on what it did
+            (verifiers 0.4 stops it as ``agent_timeout``; 0.3 records it as an error in
+            ``info["error"]``). Unset stages take the task's own ``TaskData.timeout``, else no
+            limit. Note ``AgentEnv(timeout=...)`` separately bounds one reset/step call.
         runtime: ``"subprocess"`` (default; the harness runs as a child process of this one),
             ``"docker"``, a dict ``{"type": ...}`` or a verifiers ``RuntimeConfig``.
         model: the model name the library records on traces.
@@ -613,7 +626,9 @@ class VerifiersV1Adapter(Adapter):
     then next to ``sys.executable`` (that directory is then prepended to ``PATH``). The library's
     subprocess runtime drops every environment variable containing ``API_KEY`` from what the
     harness sees. Only the chat-completions dialect is answered (``null``, ``bash`` and other
-    chat harnesses); multi-agent ``Env`` classes are refused.
+    chat harnesses); multi-agent ``Env`` classes are refused. The answers report zero token
+    usage, so the library's token budgets (``max_*_tokens``) never fire. Several model calls in
+    flight at once (a harness with sub-agents) are served in arrival order, one per step.
     """
 
     kind = "verifiers-v1"
@@ -646,7 +661,8 @@ class VerifiersV1Adapter(Adapter):
             raise ConfigurationError("bad_arguments must be 'forward' or 'answer'")
         unknown = set(timeouts or {}) - {"setup", "rollout", "finalize", "scoring"}
         if unknown:
-            raise ConfigurationError(f"unknown timeout stage(s) {sorted(unknown)}; use setup, rollout, finalize, scoring")
+            raise ConfigurationError(
+                f"unknown timeout stage(s) {sorted(unknown)}; use setup, rollout, finalize, scoring")
         self.source = Path(source).expanduser() if source is not None else None
         self._import_root: Path | None = None
         module = None
@@ -1047,11 +1063,12 @@ class VerifiersV1Episode(Episode):
             info["context_reset"] = True
         self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
         names = {c.id: c.name for c in good}
-        for message in new:
-            # Older chat programs (verifiers 0.3) leave ``name`` off tool results; the package's
-            # observations always carry it.
-            if message.get("role") == "tool" and "name" not in message and message.get("tool_call_id") in names:
-                message["name"] = names[message["tool_call_id"]]
+        # Older chat programs (verifiers 0.3) leave ``name`` off tool results; the package's
+        # observations always carry it (on a copy: the request's own list is the prefix that the
+        # next request is checked against).
+        new = [{**m, "name": names[m["tool_call_id"]]}
+               if m.get("role") == "tool" and "name" not in m and m.get("tool_call_id") in names else m
+               for m in new]
         tools = None
         if nxt.body.get("tools") != self._tools_raw:
             self._tools_raw = nxt.body.get("tools")
@@ -1077,8 +1094,9 @@ class VerifiersV1Episode(Episode):
         }
         if error is not None:
             info["error"] = error
-        limited = stop in LIMIT_STOPS or (isinstance(stop, str) and stop.endswith("_timeout"))
-        failed = error is not None or stop is None or stop == "error" or (isinstance(stop, str) and stop.endswith("_error"))
+        name = stop if isinstance(stop, str) else ""
+        limited = name in LIMIT_STOPS or name.endswith("_timeout")
+        failed = error is not None or not name or name == "error" or name.endswith("_error")
         truncated = limited or failed
         reward = trace.reward
         try:

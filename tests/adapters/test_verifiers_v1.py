@@ -5,7 +5,8 @@ The tasksets live in ``tests/envs/verifiers_v1`` (``vf1_arith``: chat, exact mat
 library side: the ``null`` harness program runs under ``uv`` in a subprocess, tool servers are
 ``python -m`` children. Each test checks something a user relies on: rewards equal to the
 library's own evaluation, bad tool calls that reach the agent, nothing left running after
-close or a reset mid-episode, limit stops as truncation, vector envs, Gymnasium's checker.
+close or a reset mid-episode, limit stops and policy time against the library's timeouts as
+truncation, vector envs, Gymnasium's checker, version gating.
 
 The library's own path (the reference for rewards) is ``Env.serving()`` +
 ``Env.run_episode(task, ctx)`` with its own interception server and eval client, pointed at a
@@ -20,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
 ARITH, CALC = ENVS / "vf1_arith", ENVS / "vf1_calc"
 SHARED = {"task": {"shared_tools": True}}
+v1mod._add_import_root(ENVS)  # the library's own runs (the reference) import the tasksets too
 
 Policy = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -96,14 +99,16 @@ def play(env: Any, policy: Policy, index: int, split: str | None = None) -> tupl
 
 
 def library_rewards(taskset: str, policy: Policy, indices: list[int], env_args: dict | None = None,
-                    max_turns: int | None = None) -> dict[int, tuple[float, dict, str | None]]:
-    """The library's own evaluation of the same tasks with the same answers: index -> (reward, metrics, stop)."""
+                    max_turns: int | None = None) -> Future[dict[int, tuple[float, dict, str | None]]]:
+    """The library's own evaluation of the same tasks with the same answers, started on the
+    runtime loop (it overlaps the adapter's episodes; one loop, as in real use): a future of
+    index -> (reward, metrics, stop condition)."""
     async def run() -> dict[int, tuple[float, dict, str | None]]:
         config = vf.resolve_env_config({
             "taskset": {"id": taskset, **(env_args or {})},
             "agent": {"runtime": {"type": "subprocess"}, "harness": {"id": "null"}, "max_turns": max_turns},
         })
-        env = vf.load_environment(config)
+        env = await asyncio.to_thread(vf.load_environment, config)
         tasks = list(env.taskset)
         out = {}
         with OpenAIStub(lambda body: policy(body["messages"])) as stub:
@@ -116,7 +121,7 @@ def library_rewards(taskset: str, policy: Policy, indices: list[int], env_args: 
                     out[i] = (float(trace.reward), dict(trace.metrics), trace.stop_condition)
         return out
 
-    return asyncio.run(run())
+    return runtime.submit(run())
 
 
 # -- processes and tasks ---------------------------------------------------------------------------
@@ -187,15 +192,14 @@ def arith_env() -> Iterator[AgentEnv]:
 def arith_runs(arith_env: AgentEnv) -> tuple[dict[int, tuple[float, bool, bool, dict]], dict[int, tuple]]:
     """(the adapter's episodes, the library's own evaluation) of every train task with ``arith_policy``.
 
-    The library's run overlaps ours in a thread: both are mostly subprocess start-up.
+    The library's run overlaps ours on the runtime loop: both are mostly subprocess start-up.
     """
-    with ThreadPoolExecutor(1) as pool:
-        library = pool.submit(library_rewards, "vf1_arith", arith_policy, [0, 1, 2])
-        ours = {}
-        for i in range(arith_env.num_tasks("train")):
-            reward, terminated, truncated, info, _ = play(arith_env, arith_policy, i)
-            ours[i] = (reward, terminated, truncated, info)
-        return ours, library.result()
+    library = library_rewards("vf1_arith", arith_policy, [0, 1, 2])
+    ours = {}
+    for i in range(arith_env.num_tasks("train")):
+        reward, terminated, truncated, info, _ = play(arith_env, arith_policy, i)
+        ours[i] = (reward, terminated, truncated, info)
+    return ours, library.result(120)
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +219,11 @@ def test_tasks_and_splits(arith_env: AgentEnv) -> None:
     assert obs == [{"role": "system", "content": "Answer with the number only."},
                    {"role": "user", "content": "What is 9 + 9?"}]
     assert info["tools"] == [] and info["task_id"] == "test-0" and info["harness"] == "null"
+    # uv next to sys.executable (a venv's bin) but not on PATH: the adapter put it on PATH
+    bindir = Path(sys.executable).parent
+    assert base.adapter.uv_path_added in (None, str(bindir))
+    if (bindir / "uv").exists():
+        assert shutil.which("uv")
     _, reward, terminated, truncated, info = arith_env.step("18")
     assert (reward, terminated, truncated, info["stop_condition"]) == (1.0, True, False, "agent_completed")
 
@@ -231,14 +240,13 @@ def test_chat_rewards_equal_the_library_evaluation(arith_runs: tuple) -> None:
 def test_tool_rewards_equal_the_library_evaluation() -> None:
     """Per-rollout tool servers: the reward, metrics and stop condition are the library's."""
     before = set(descendants())
-    with ThreadPoolExecutor(1) as pool:  # the library's run overlaps ours: half the wall time
-        library = pool.submit(library_rewards, "vf1_calc", calc_policy, [0])
-        env = AgentEnv(VerifiersV1Adapter(source=CALC))
-        try:
-            reward, terminated, truncated, info, history = play(env, calc_policy, 0)
-        finally:
-            env.close()
-        theirs = library.result()[0]
+    library = library_rewards("vf1_calc", calc_policy, [0])  # overlaps ours: half the wall time
+    env = AgentEnv(VerifiersV1Adapter(source=CALC))
+    try:
+        reward, terminated, truncated, info, history = play(env, calc_policy, 0)
+    finally:
+        env.close()
+    theirs = library.result(120)[0]
     tool_results = [m for m in history if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["name"]) for m in tool_results] == [
         ("call_1", "calc_multiply"), ("call_2", "calc_multiply"), ("call_3", "nope")]
@@ -298,6 +306,21 @@ def test_limit_stop_is_truncation() -> None:
         env.close()
     assert (obs, reward, terminated, truncated) == ([], 0.0, False, True)
     assert info["stop_condition"] == "max_turns" and "error" not in info
+
+
+def test_policy_time_counts_against_the_rollout_timeout() -> None:
+    """The library's agent-stage timeout runs while it waits for ``step()``: a slow policy ends
+    the rollout, truncated with reward 0.0 (never None). verifiers 0.4 stops it cleanly as
+    ``agent_timeout``; 0.3 records a failure (``info["error"]``)."""
+    env = AgentEnv(VerifiersV1Adapter(source=ARITH, timeouts={"rollout": 3.0}))
+    try:
+        env.reset(options={"index": 0})
+        time.sleep(3.5)  # the agent "thinks" past the budget
+        obs, reward, terminated, truncated, info = env.step("5")
+    finally:
+        env.close()
+    assert (obs, reward, terminated, truncated) == ([], 0.0, False, True)
+    assert "timeout" in f"{info['stop_condition']} {info.get('error', {}).get('message', '')}"
 
 
 def test_reset_mid_episode_stops_the_old_rollout(arith_env: AgentEnv) -> None:
