@@ -9,38 +9,25 @@ rollout loop runs, and each model call it makes becomes an observation the agent
 answers.
 
 This module is the one front door (``openenv/Verifiers-v0``, imported sources, discovered
-packages): it finds the generation statically, checks the installed version and says what to
-do when it cannot work, before any environment code runs.
+packages): it finds the generation statically and hands over to that generation's adapter,
+which checks that the installed library can run it (by the names it needs, not by a version
+number) and says what to install when it cannot, before any environment code runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from openenv_gym.adapters.base import Adapter
 from openenv_gym.errors import ConfigurationError, DetectionError
 
-__all__ = ["make_adapter", "make_env", "make_vec", "installed_version", "resolve_generation"]
+__all__ = ["make_adapter", "make_env", "make_vec", "resolve_generation"]
 
 _ENTRIES = {"v0": "openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter",
             "v1": "openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter"}
-
-
-def installed_version() -> tuple[int, ...] | None:
-    """The installed verifiers version as a tuple, or ``None`` when it is not installed."""
-    try:
-        text = metadata.version("verifiers")
-    except metadata.PackageNotFoundError:
-        return None
-    parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def _module_name(env_id: str) -> str:
@@ -72,25 +59,6 @@ def resolve_generation(env_id: str | None, source: str | os.PathLike | None) -> 
         raise ConfigurationError(str(exc)) from None
 
 
-def _check_version(generation: str) -> None:
-    """Refuse a v1 taskset under a verifiers that predates v1 tasksets.
-
-    (The v0 adapter checks for the legacy API itself, by feature rather than by version, and
-    says what to install: it is the only place that knows which names it needs.)
-    """
-    version = installed_version()
-    if generation == "v0":
-        return
-    if version is None:
-        raise ConfigurationError("this is a Verifiers v1 taskset and verifiers is not installed: "
-                                 "pip install 'verifiers>=0.2' (0.4 has only the v1 API)")
-    if version < (0, 2):
-        shown = ".".join(map(str, version))
-        raise ConfigurationError(
-            f"this is a Verifiers v1 taskset (verifiers.v1 Taskset), which needs verifiers >= 0.2; "
-            f"the installed verifiers {shown} predates it: pip install -U 'verifiers>=0.2'")
-
-
 def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None = None,
                  generation: str | None = None, **kwargs: Any) -> Adapter:
     """The adapter for a Verifiers environment: v0 or v1, found statically unless ``generation`` says.
@@ -103,7 +71,6 @@ def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None 
         generation = resolve_generation(env_id, source)
     if generation not in _ENTRIES:
         raise ConfigurationError(f"generation must be 'v0' or 'v1', not {generation!r}")
-    _check_version(generation)
     from openenv_gym.adapters.base import AdapterSpec
 
     if source is not None:
