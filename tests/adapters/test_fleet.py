@@ -383,3 +383,17 @@ def test_context_management_pages_a_long_tool_output_back_exactly(server, tasks_
     finally:
         env.close()
         plain.close()
+
+
+def test_heartbeats_keep_an_instance_with_a_heartbeat_deadline_alive(server, tasks_file):
+    import time
+
+    env = _make(server, tasks_file, heartbeat_interval=2)
+    try:
+        _, info = _reset_to(env, "count-open")
+        time.sleep(3.0)  # past the 2 s deadline: only the adapter's beats keep it running
+        instance = next(i for i in server.instances() if i["instance_id"] == info["instance_id"])
+        assert instance["heartbeats"] >= 2 and instance["status"] == "running"
+        assert env.step(call("submit_final_answer", answer="2"))[1] == 1.0
+    finally:
+        env.close()
