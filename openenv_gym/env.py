@@ -1,6 +1,6 @@
 """AgentEnv: a Gymnasium environment over any adapter's episodes.
 
-This is the contract every backend honours (shared/DESIGN.md §2):
+This is the contract every backend honours (docs/architecture.md, "The Gymnasium contract"):
 
 * observation: the **new** chat messages since the agent's last action (OpenAI format);
 * action: assistant text or an OpenAI assistant message with tool calls;
@@ -11,7 +11,10 @@ This is the contract every backend honours (shared/DESIGN.md §2):
 * bad actions (malformed JSON, unknown tools, missing arguments, text where a tool call is needed)
   reach the agent as messages and the episode goes on;
 * the task API (:meth:`splits`, :meth:`num_tasks`, :meth:`task`) lives on the unwrapped env, for
-  the trainer only.
+  the trainer only;
+* every call is bounded by ``step_timeout``; a step cut short (the timeout, Ctrl-C) leaves the
+  episode needing ``reset`` (:class:`~openenv_gym.errors.EpisodeInterrupted`); two threads on one
+  env get :class:`~openenv_gym.errors.ConcurrentUse` rather than a corrupted episode.
 
 The methods are sync edges over the async core: :meth:`areset` and :meth:`astep` are the same
 operations as coroutines, and both run on the package's runtime loop whatever loop awaits them.
@@ -19,7 +22,9 @@ operations as coroutines, and both run on the package's runtime loop whatever lo
 
 from __future__ import annotations
 
-import sys
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -27,13 +32,16 @@ import msgspec
 
 from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter
-from openenv_gym.errors import ConfigurationError
+from openenv_gym.errors import ConcurrentUse, ConfigurationError
 from openenv_gym.redact import RedactedSpec
-from openenv_gym.session import EnvSession
+from openenv_gym.session import STEP_TIMEOUT, EnvSession
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.wire import Message, Split
 
 __all__ = ["AgentEnv"]
+
+_CLOSE_TIMEOUT = 30.0
+"""Seconds :meth:`AgentEnv.close` waits for the backend; adapters bound their own teardown."""
 
 class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     """A chat environment backed by an :class:`~openenv_gym.adapters.base.Adapter`.
@@ -43,8 +51,15 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         split: the default split for :meth:`reset` (default: the first ``train`` split).
         max_turns: truncate an episode after this many agent actions (``None``: no limit).
         render_mode: ``"ansi"`` to have :meth:`render` return the latest messages as text.
-        timeout: seconds a single reset or step may take before
-            :class:`~openenv_gym.errors.BackendTimeout` (a sync caller must never hang).
+        step_timeout: seconds one reset or step (or a task-API call) may take before it is
+            cancelled with :class:`~openenv_gym.errors.BackendTimeout` naming this limit (default
+            :data:`~openenv_gym.session.STEP_TIMEOUT`, 900 s; ``None``: no limit). The same name
+            and default as the vector envs'. A step cut short this way, or by Ctrl-C, leaves the
+            episode needing :meth:`reset`.
+
+    An env serves one caller at a time: a second thread calling ``reset`` or ``step`` while a
+    call runs gets :class:`~openenv_gym.errors.ConcurrentUse`. A forgotten :meth:`close` is done
+    at interpreter exit (within a few seconds), never left to ``__del__`` there.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -56,22 +71,30 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         split: str | None = None,
         max_turns: int | None = None,
         render_mode: str | None = None,
-        timeout: float | None = 900.0,
+        step_timeout: float | None = STEP_TIMEOUT,
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigurationError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.adapter = adapter
         self.render_mode = render_mode
-        self.timeout = timeout
+        if step_timeout is not None and not step_timeout > 0:
+            raise ConfigurationError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
+        self.step_timeout = step_timeout
         self._session = EnvSession(adapter, split=split, max_turns=max_turns)
         self._split = split
         self._closed = False
+        self._busy = threading.Lock()
         try:
-            runtime.run_sync(self._start(), timeout)
+            # Starting may launch a server (seconds to minutes; adapters bound it themselves):
+            # a short step_timeout is for steps, so the start gets at least the default.
+            start_limit = None if step_timeout is None else max(step_timeout, STEP_TIMEOUT)
+            runtime.run_sync(runtime.within(self._start(), start_limit, "starting the environment", "the start limit"))
         except BaseException:
-            runtime.run_sync(adapter.aclose(), 60.0)
             self._closed = True
+            with contextlib.suppress(Exception):
+                runtime.run_sync(adapter.aclose(), _CLOSE_TIMEOUT)
             raise
+        runtime.track(self)
         self.observation_space = Messages()
         self.action_space = AssistantAction(self._base_tools)
 
@@ -86,18 +109,35 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         """Agent actions after which an episode is truncated (``None``: no limit)."""
         return self._session.max_turns
 
+    def _run(self, coro: Any, what: str) -> Any:
+        """Run one call of this env on the runtime loop, bounded by ``step_timeout``."""
+        return runtime.run_sync(runtime.within(coro, self.step_timeout, what))
+
+    @contextlib.contextmanager
+    def _one_caller(self, what: str) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUse(f"{what}() was called while another call on this env is running (from "
+                                "another thread?); an env serves one caller at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
     # -- task API (trainer side) ---------------------------------------------------------------
     def splits(self) -> list[Split]:
         """The task splits, in the backend's order."""
-        return runtime.run_sync(self._session.splits(), self.timeout)
+        self._check_open()
+        return self._run(self._session.splits(), "splits()")
 
     def num_tasks(self, split: str | None = None) -> int:
         """How many tasks ``split`` (default: the env's default split) holds."""
-        return runtime.run_sync(self._session.num_tasks(split), self.timeout)
+        self._check_open()
+        return self._run(self._session.num_tasks(split), "num_tasks()")
 
     def task(self, split: str, index: int) -> dict[str, Any]:
         """The task spec at ``index`` of ``split``; it may hold the answer, so keep it from the agent."""
-        return runtime.run_sync(self._session.task(split, index), self.timeout)
+        self._check_open()
+        return self._run(self._session.task(split, index), "task()")
 
     # -- episode -------------------------------------------------------------------------------
     def reset(
@@ -109,29 +149,32 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         index is drawn from ``np_random``, so the same seed gives the same task), or ``task`` (an
         explicit task spec, for backends that accept one).
         """
-        return runtime.run_sync(self._areset(seed, options), self.timeout)
+        with self._one_caller("reset"):
+            return self._run(self._areset(seed, options), "reset")
 
     def step(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """Apply one assistant message and return the new messages, reward and episode status."""
-        self._session.check_steppable()
-        return runtime.run_sync(self._session.step(action), self.timeout)
+        with self._one_caller("step"):
+            self._check_open()
+            self._session.check_steppable()
+            return self._run(self._session.step(action), "step")
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """:meth:`reset` as a coroutine (runs on the runtime loop whatever loop awaits it)."""
-        return await runtime.on_runtime(self._areset(seed, options))
+        return await runtime.on_runtime(runtime.within(self._areset(seed, options), self.step_timeout, "reset"))
 
     async def astep(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """:meth:`step` as a coroutine."""
+        self._check_open()
         self._session.check_steppable()
-        return await runtime.on_runtime(self._session.step(action))
+        return await runtime.on_runtime(runtime.within(self._session.step(action), self.step_timeout, "step"))
 
     async def _areset(
         self, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[list[Message], dict[str, Any]]:
-        if self._closed:
-            raise ConfigurationError("the environment is closed")
+        self._check_open()
         gym.Env.reset(self, seed=seed)
         self._session.np_random = self.np_random  # task choice draws from the env's own rng
         obs, info = await self._session.reset(None, options)
@@ -152,24 +195,31 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         return "\n".join(lines)
 
     def close(self) -> None:
-        """End the running episode and release the backend (a shared server stops with its last user)."""
+        """End the running episode and release the backend (a shared server stops with its last user).
+
+        Idempotent, and bounded: a backend that does not answer (a hung server) is abandoned
+        after a few seconds rather than holding the caller.
+        """
         if self._closed:
             return
         self._closed = True
-        runtime.run_sync(self._aclose(), 60.0)
+        runtime.untrack(self)
+        runtime.run_sync(self._aclose(), _CLOSE_TIMEOUT)
 
     async def _aclose(self) -> None:
-        await self._session.aclose()
-        await self.adapter.aclose()
+        try:
+            await self._session.aclose()
+        finally:
+            await self.adapter.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("the environment is closed")
 
     def __del__(self) -> None:
-        # A server process must not outlive every env that used it, even when close() is forgotten.
-        try:
-            if (
-                not getattr(self, "_closed", True)
-                and not sys.is_finalizing()
-                and not runtime.in_runtime_thread()
-            ):
-                self.close()
-        except Exception:
-            pass
+        # A server process must not outlive every env that used it, even when close() is
+        # forgotten; never block here (this may run in any thread, or during finalisation).
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            runtime.untrack(self)
+            runtime.close_later(self._aclose())

@@ -30,6 +30,10 @@ __all__ = [
     "ProvisioningError",
     "EpisodeNotStarted",
     "EpisodeFinished",
+    "InvalidAction",
+    "EpisodeInterrupted",
+    "ConcurrentUse",
+    "RuntimeClosed",
 ]
 
 
@@ -93,3 +97,22 @@ class EpisodeNotStarted(OpenEnvGymError, ResetNeeded):
 
 class EpisodeFinished(OpenEnvGymError, ResetNeeded):
     """``step`` was called after the episode terminated or was truncated; call ``reset``."""
+
+
+class InvalidAction(OpenEnvGymError, TypeError):
+    """``step`` got a value that is not an action at all (a set, bytes, an arbitrary object): a bug
+    in the trainer, not a mistake of the agent. Malformed actions (bad JSON, unknown tools, a
+    message that cannot be read) are never raised: the agent gets a message about them."""
+
+
+class EpisodeInterrupted(OpenEnvGymError, ResetNeeded):
+    """The last ``step`` was interrupted (Ctrl-C, a timeout of the caller's): what it started on
+    the backend may or may not have happened, so the episode cannot go on; call ``reset``."""
+
+
+class ConcurrentUse(ConfigurationError, RuntimeError):
+    """Two calls ran on one env at once (say from two threads); an env serves one caller at a time."""
+
+
+class RuntimeClosed(OpenEnvGymError, RuntimeError):
+    """The runtime loop was stopped at interpreter exit; nothing can run on it any more."""

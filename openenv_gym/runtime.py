@@ -1,4 +1,4 @@
-"""The one background event loop of a process, and the one retry helper.
+"""The one background event loop of a process, the one retry helper, and closing at exit.
 
 openenv_gym is async at the core and sync at the edges: adapters are coroutines, while
 ``gymnasium.Env.step`` is a plain method. Every sync edge reaches the async core through
@@ -7,28 +7,54 @@ Keeping one loop per process means connection pools, server sessions and keep-al
 one place and survive across calls; nothing else in the package starts an event loop.
 
 The loop is recreated after ``fork`` (a child must not reuse its parent's thread-bound loop).
+
+Closing at exit: envs and vector envs register themselves with :func:`track`. An ``atexit`` hook
+closes every one still open (a forgotten ``close()``, a script ended by an exception or Ctrl-C)
+within :data:`EXIT_BUDGET` seconds in all, then stops the loop. ``__del__`` cannot do this job:
+during interpreter finalisation the loop's daemon thread is frozen, and waiting on it, or starting
+a new one, hangs forever. Once the hook has run, the loop refuses to start again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import random
 import threading
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from openenv_gym.errors import BackendTimeout
+from openenv_gym.errors import BackendTimeout, RuntimeClosed
 
-__all__ = ["get_loop", "run_sync", "submit", "on_runtime", "retry", "Backoff"]
+__all__ = [
+    "get_loop", "run_sync", "submit", "on_runtime", "retry", "Backoff", "track", "untrack",
+    "RuntimeClosed", "EXIT_BUDGET", "within", "close_later",
+]
 
 T = TypeVar("T")
+
+EXIT_BUDGET = 5.0
+"""Seconds the exit hook may spend closing envs that were never closed, all of them together."""
+_CANCEL_GRACE = 5.0
+_WAIT_SLICE = 0.1
+"""Seconds :func:`run_sync` waits for an interrupted coroutine to finish cancelling."""
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 _pid: int | None = None
+_exit_deadline: float | None = None  # monotonic time; set while (and after) the exit hook runs
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_live: dict[int, weakref.ref[Any]] = {}
 
 
 def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
@@ -38,12 +64,18 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
-    """Return the process-wide runtime loop, starting its thread on first use."""
+    """Return the process-wide runtime loop, starting its thread on first use.
+
+    Raises :class:`RuntimeClosed` once the exit hook has stopped the loop: a thread started
+    during interpreter finalisation never runs, so waiting on it would hang.
+    """
     global _loop, _thread, _pid
     if _loop is not None and _pid == os.getpid() and _thread is not None and _thread.is_alive():
         return _loop
     with _lock:
         if _loop is None or _pid != os.getpid() or _thread is None or not _thread.is_alive():
+            if _exit_deadline is not None and _pid == os.getpid():
+                raise RuntimeClosed("the openenv_gym runtime was stopped at interpreter exit")
             loop = asyncio.new_event_loop()
             ready = threading.Event()
             thread = threading.Thread(
@@ -53,6 +85,65 @@ def get_loop() -> asyncio.AbstractEventLoop:
             ready.wait()
             _loop, _thread, _pid = loop, thread, os.getpid()
     return _loop
+
+
+def track(obj: _Closable) -> None:
+    """Close ``obj`` at interpreter exit if it is still open then (held by a weak reference).
+
+    The hook is re-registered on every call so it runs before ``atexit`` hooks registered
+    earlier, such as Ray's ``shutdown``: an env must close while its backend still exists.
+    """
+    _live[id(obj)] = weakref.ref(obj, lambda _, key=id(obj): _live.pop(key, None))
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
+
+
+def untrack(obj: _Closable) -> None:
+    """Forget ``obj`` (it was closed)."""
+    _live.pop(id(obj), None)
+
+
+def _close_at_exit() -> None:
+    global _exit_deadline
+    _exit_deadline = time.monotonic() + EXIT_BUDGET
+    for ref in list(_live.values()):
+        obj = ref()
+        if obj is None:
+            continue
+        try:
+            obj.close()
+        except BaseException:  # noqa: BLE001 - exit must go on whatever one env does
+            pass
+    _live.clear()
+    with _lock:
+        loop, thread = _loop, _thread
+    if loop is not None and thread is not None and thread.is_alive() and _pid == os.getpid():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(1.0)
+
+
+def close_later(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run a closing coroutine on the loop without waiting for it (for ``__del__``).
+
+    Safe from any thread, the loop's own included; does nothing once the loop is stopped or the
+    interpreter is finalising (then the exit hook has closed, or will close, what is left).
+    """
+    loop = _loop
+    if loop is None or _exit_deadline is not None or _pid != os.getpid() or loop.is_closed():
+        coro.close()
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:
+        coro.close()
+
+
+def _bounded(timeout: float | None) -> float | None:
+    """``timeout``, cut to what is left of the exit budget while the exit hook runs."""
+    if _exit_deadline is None:
+        return timeout
+    left = max(0.0, _exit_deadline - time.monotonic())
+    return left if timeout is None else min(timeout, left)
 
 
 def in_runtime_thread() -> bool:
@@ -72,20 +163,94 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         coro: the coroutine to run.
         timeout: seconds to wait; on expiry the coroutine is cancelled and
             :class:`~openenv_gym.errors.BackendTimeout` is raised, so a sync caller never hangs.
+
+    Any interruption of the wait (``KeyboardInterrupt``, ``SystemExit``, the timeout) cancels the
+    coroutine and waits up to a few seconds for the cancellation to run through it, so no work
+    goes on behind the caller's back: an interrupted ``recv`` leaves no waiter that would consume
+    later results, and an interrupted ``make`` leaves no server starting.
     """
     if in_runtime_thread():
         coro.close()
         raise RuntimeError("run_sync() called from the runtime loop; await the coroutine instead")
-    future = submit(coro)
     try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
-        # TimeoutError is also the base of errors the coroutine itself raises (BackendTimeout
-        # from an adapter, with its own message): only a wait that ran out is relabelled here.
-        if future.done() and not future.cancelled():
-            raise
-        future.cancel()
-        raise BackendTimeout(f"operation did not finish within {timeout} s") from None
+        loop = get_loop()
+    except RuntimeClosed:
+        coro.close()
+        raise
+    done = threading.Event()
+    box: list[asyncio.Task[T]] = []
+
+    def start() -> None:
+        task = loop.create_task(coro)
+        task.add_done_callback(lambda _: done.set())
+        box.append(task)
+
+    loop.call_soon_threadsafe(start)
+    limit = _bounded(timeout)
+    try:
+        finished = _wait(done, limit)
+    except BaseException:
+        _cancel(loop, box, done)
+        raise
+    if not finished:
+        _cancel(loop, box, done)
+        if limit != timeout:
+            raise BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
+        raise BackendTimeout(f"operation did not finish within {timeout} s")
+    task = box[0]
+    if task.cancelled():  # cancelled on the loop by someone else (the loop is stopping)
+        raise RuntimeClosed("the operation was cancelled because the runtime loop is stopping")
+    return task.result()
+
+
+def _wait(done: threading.Event, limit: float | None) -> bool:
+    """``done.wait(limit)`` in short slices, so Ctrl-C is seen within one slice.
+
+    A SIGINT may be delivered to any thread (the loop's, say); the main thread then runs Python's
+    handler only when it next executes bytecode, which a single long wait would put off until
+    the step ends.
+    """
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        slice_ = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
+        if slice_ <= 0:
+            return done.is_set()
+        if done.wait(slice_):
+            return True
+
+
+def _cancel(loop: asyncio.AbstractEventLoop, box: list[asyncio.Task[Any]], done: threading.Event) -> None:
+    """Cancel the task ``run_sync`` started and give it a moment to unwind its ``finally`` blocks."""
+    def cancel() -> None:
+        if box:  # ``start`` was scheduled first, so it has run unless the loop stopped
+            box[0].cancel()
+        else:
+            done.set()
+
+    try:
+        loop.call_soon_threadsafe(cancel)
+    except RuntimeError:  # the loop is closed: nothing runs any more
+        return
+    done.wait(_bounded(_CANCEL_GRACE))
+
+
+async def within(coro: Awaitable[T], seconds: float | None, what: str, limit: str = "step_timeout") -> T:
+    """Await ``coro``, cancelling it and raising :class:`BackendTimeout` if it runs past ``seconds``.
+
+    The message names the limit that fired (``"reset did not finish within step_timeout=900.0
+    s"``). A ``TimeoutError`` the coroutine raises itself (an adapter's read timeout, with its own
+    limit in its message) passes through unchanged: relabelling it would blame the wrong limit.
+    """
+    if seconds is None:
+        return await coro
+    guard = asyncio.timeout(seconds)
+    try:
+        async with guard:
+            return await coro
+    except TimeoutError:
+        if guard.expired():
+            raise BackendTimeout(f"{what} did not finish within {limit}={seconds} s") from None
+        raise
 
 
 async def on_runtime(coro: Coroutine[Any, Any, T]) -> T:

@@ -9,20 +9,71 @@ sub-envs), which is why the session does not own its adapter.
 
 from __future__ import annotations
 
+import asyncio
+import operator
+from collections.abc import Mapping
 from typing import Any
 
 from gymnasium.utils import seeding
 
-from openenv_gym.actions import parse_action
+from openenv_gym.actions import Turn, parse_action
 from openenv_gym.adapters.base import Adapter, Episode
-from openenv_gym.errors import ConfigurationError, EpisodeFinished, EpisodeNotStarted, TaskNotFound
-from openenv_gym.wire import Message, TaskRef, ToolSpec
+from openenv_gym.errors import (
+    ConfigurationError, EpisodeFinished, EpisodeInterrupted, EpisodeNotStarted, TaskNotFound,
+)
+from openenv_gym.wire import Message, TaskRef, ToolSpec, to_plain_json
 
-__all__ = ["EnvSession", "RESET_OPTIONS"]
+__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
 
+STEP_TIMEOUT = 900.0
+"""The default ``step_timeout`` of every env and vector env: the seconds one reset or step may
+take before it is cancelled with :class:`~openenv_gym.errors.BackendTimeout`. Long, because one
+step may run several slow tools; never unlimited, because a hung backend must not hang a trainer."""
+
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
+
+
+def _checked_options(options: Any) -> dict[str, Any]:
+    """``reset``'s options, validated; a bad one is the caller's mistake: ConfigurationError.
+
+    A ``task`` spec goes to the backend as it is, so it must be plain JSON (see
+    :func:`openenv_gym.wire.to_plain_json`: no sets or objects, no NaN, no lone surrogates, at
+    most 100 levels deep); the error says what and where, never the spec's values.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"reset options must be a dict, not {type(options).__name__}")
+    options = dict(options)
+    unknown = set(options) - RESET_OPTIONS
+    if unknown:
+        names = ", ".join(sorted(repr(k)[:40] for k in unknown))
+        raise ConfigurationError(f"unknown reset option(s) {names}; use split, index or task")
+    split = options.get("split")
+    if split is not None and not isinstance(split, str):
+        raise ConfigurationError(f"reset option 'split' must be a string, not {type(split).__name__}")
+    index = options.get("index")
+    if index is not None:
+        try:
+            if isinstance(index, bool):
+                raise TypeError
+            options["index"] = operator.index(index)  # numpy integers too
+        except TypeError:
+            raise ConfigurationError(f"reset option 'index' must be an integer, not {type(index).__name__}") from None
+    task = options.get("task")
+    if task is not None:
+        if not isinstance(task, Mapping):
+            raise ConfigurationError(f"reset option 'task' must be a dict (a task spec), not {type(task).__name__}")
+        try:
+            task = dict(task)
+        except Exception as exc:
+            raise ConfigurationError(f"reset option 'task' cannot be read as a dict ({type(exc).__name__})") from None
+        options["task"], why = to_plain_json(task)
+        if why is not None:
+            raise ConfigurationError(f"reset option 'task' is not plain JSON: {why}")
+    return options
 
 
 class EnvSession:
@@ -43,6 +94,8 @@ class EnvSession:
         self.np_random, _ = seeding.np_random()
         self.episode: Episode | None = None
         self.done = False
+        self.interrupted = False
+        """The last step was cancelled midway (Ctrl-C, a timeout): the episode needs a reset."""
         self.turns = 0
         self.tools: list[ToolSpec] = []
         self.last_messages: list[Message] = []
@@ -59,15 +112,12 @@ class EnvSession:
         """
         if seed is not None:
             self.seed(seed)
-        options = dict(options or {})
-        unknown = set(options) - RESET_OPTIONS
-        if unknown:
-            raise ConfigurationError(f"unknown reset option(s) {sorted(unknown)}; use split, index or task")
+        options = _checked_options(options)
         await self.aclose()
         adapter = self.adapter
         split = options.get("split") or self.split or await adapter.default_split()
         if options.get("task") is not None:
-            ref = TaskRef(split=split, spec=dict(options["task"]))
+            ref = TaskRef(split=split, spec=options["task"])
         else:
             n = await adapter.num_tasks(split)
             if n == 0:
@@ -80,7 +130,7 @@ class EnvSession:
             ref = TaskRef(split=split, index=int(index))
         episode = adapter.episode()
         opening = await episode.start(ref)
-        self.episode, self.done, self.turns = episode, False, 0
+        self.episode, self.done, self.turns, self.interrupted = episode, False, 0, False
         self.tools = list(opening.tools)
         self.last_messages = opening.messages
         info = {
@@ -99,13 +149,28 @@ class EnvSession:
             raise EpisodeNotStarted("call reset() before step()")
         if self.done:
             raise EpisodeFinished("the episode has ended; call reset() to start a new one")
+        if self.interrupted:
+            raise EpisodeInterrupted(
+                "the last step was interrupted before it finished, so its tool calls may or may not "
+                "have run; call reset() to start a new episode"
+            )
 
     async def step(self, action: Any) -> StepResult:
-        """Apply one assistant message; returns (new messages, reward, terminated, truncated, info)."""
+        """Apply one assistant message; returns (new messages, reward, terminated, truncated, info).
+
+        ``action`` may also be a :class:`~openenv_gym.actions.Turn` that :func:`parse_action`
+        made (a vector env may parse in the driver and ship the Turn, which is always encodable).
+        Raises :class:`~openenv_gym.errors.InvalidAction` for a value that is not an action at all.
+        """
         self.check_steppable()
         episode = self.episode
         assert episode is not None
-        outcome = await episode.step(parse_action(action))
+        turn = action if isinstance(action, Turn) else parse_action(action)
+        try:
+            outcome = await episode.step(turn)
+        except asyncio.CancelledError:
+            self.interrupted = True  # cancelled midway: the backend's state is unknown
+            raise
         self.turns += 1
         truncated = bool(outcome.truncated) or (
             not outcome.terminated and self.max_turns is not None and self.turns >= self.max_turns

@@ -12,6 +12,7 @@ from typing import Any
 
 from openenv_gym.adapters.base import AdapterSpec
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.vector.base import AgentVectorEnv, Batch
 from openenv_gym.vector.concurrent import ConcurrentVectorEnv
 
@@ -43,7 +44,7 @@ def make_entry(
     max_episode_steps: int | None = None,
     render_mode: str | None = None,
     autoreset_mode: Any = None,
-    step_timeout: float | None = None,
+    step_timeout: float | None = STEP_TIMEOUT,
     vector_options: dict[str, Any] | None = None,
     session_keys: tuple[str, ...] = ("split", "max_turns"),
     **kwargs: Any,

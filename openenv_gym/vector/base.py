@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import copy
-from collections.abc import Iterable, Sequence
+import enum
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -30,12 +33,19 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from openenv_gym import runtime
-from openenv_gym.errors import BackendTimeout, ConfigurationError, EpisodeFinished
+from openenv_gym.actions import check_action_type
+from openenv_gym.errors import (
+    BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeFinished, EpisodeNotStarted,
+)
+from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.vector.ops import Op, Result
 from openenv_gym.wire import Message, ToolSpec
 
-__all__ = ["AgentVectorEnv", "Batch", "info_at"]
+__all__ = ["AgentVectorEnv", "Batch", "Phase", "SubEnv", "info_at"]
+
+_CLOSE_TIMEOUT = 30.0
+_CANCEL_TIMEOUT = 10.0
 
 
 class Batch(NamedTuple):
@@ -49,6 +59,78 @@ class Batch(NamedTuple):
     env_ids: np.ndarray
 
 
+class Phase(enum.Enum):
+    """Where a sub-env's episode stands, as the driver knows it; it decides the next request."""
+
+    NEW = "new"
+    """Never reset: stepping it is the caller's mistake (:class:`EpisodeNotStarted`)."""
+    RUNNING = "running"
+    """An episode runs: the next request steps it."""
+    ENDED = "ended"
+    """The episode terminated or was truncated: autoreset decides what the next request does."""
+    BROKEN = "broken"
+    """The backend failed or the request was abandoned: the next request recreates the sub-env's
+    session and resets it, reporting why with its result."""
+
+
+class SubEnv:
+    """The driver's record of one sub-env: its phase, its request in flight, its unread result.
+
+    Each transition is one method, so the reset-or-step decision reads one field.
+    """
+
+    __slots__ = ("phase", "request", "result", "note", "obs")
+
+    def __init__(self) -> None:
+        self.phase = Phase.NEW
+        self.request: int | None = None
+        """The id of the request in flight; a result with another id is late and dropped."""
+        self.result: Result | None = None
+        """The answer to ``request``, arrived but not yet returned by ``recv``/``step``."""
+        self.note: dict[str, Any] | None = None
+        """An ``info`` entry (the error that broke it) to report with the next reset's result."""
+        self.obs: list[Message] = []
+
+    @property
+    def busy(self) -> bool:
+        """A request is in flight or its result has not been collected."""
+        return self.request is not None or self.result is not None
+
+    def sent(self, req_id: int) -> None:
+        self.request, self.result = req_id, None
+
+    def answered(self, result: Result) -> bool:
+        """Take ``result`` if it answers the request in flight; False if it is late."""
+        if self.request != result.req_id:
+            return False
+        self.request, self.result = None, result
+        return True
+
+    def collected(self) -> Result:
+        result, self.result = self.result, None
+        assert result is not None
+        return result
+
+    def absorb(self, result: Result, autoreset: AutoresetMode, reset: bool) -> None:
+        """Move to the phase ``result`` leaves the sub-env in."""
+        self.obs = result.obs
+        if result.error is not None:
+            self.phase = Phase.BROKEN
+        elif reset or autoreset == AutoresetMode.SAME_STEP:
+            self.phase = Phase.RUNNING
+        else:
+            self.phase = Phase.ENDED if (result.terminated or result.truncated) else Phase.RUNNING
+
+    def abandon(self, note: dict[str, Any]) -> None:
+        """Forget the request in flight (it got no answer in time, or was interrupted)."""
+        self.request = self.result = None
+        self.phase, self.note = Phase.BROKEN, note
+
+    def take_note(self) -> dict[str, Any] | None:
+        note, self.note = self.note, None
+        return note
+
+
 class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
     """Many chat sub-envs behind one Gymnasium ``VectorEnv``.
 
@@ -57,7 +139,12 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         tools: the tools every task offers (for the action space).
         autoreset_mode: NEXT_STEP (default), SAME_STEP or DISABLED, as in Gymnasium.
         step_timeout: seconds one sub-env's reset or step may take before it is truncated with
-            ``info["error"]`` and recreated (``None``: no limit).
+            ``info["error"]`` and recreated (default :data:`~openenv_gym.session.STEP_TIMEOUT`;
+            ``None``: no limit).
+
+    A vector env serves one caller at a time (a second thread gets
+    :class:`~openenv_gym.errors.ConcurrentUse`); a forgotten :meth:`close` is done at interpreter
+    exit within a few seconds.
     """
 
     def __init__(
@@ -66,7 +153,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         tools: Sequence[ToolSpec],
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        step_timeout: float | None = None,
+        step_timeout: float | None = STEP_TIMEOUT,
     ):
         if num_envs < 1:
             raise ConfigurationError("num_envs must be at least 1")
@@ -81,17 +168,13 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self.closed = False
         self.late_results = 0
         """Results dropped because they answered a request that was no longer current."""
-        self._obs: list[list[Message]] = [[] for _ in range(num_envs)]
-        self._done = np.zeros(num_envs, dtype=np.bool_)
-        self._needs_reset = np.zeros(num_envs, dtype=np.bool_)
-        self._recreate = np.zeros(num_envs, dtype=np.bool_)
-        self._notes: dict[int, dict[str, Any]] = {}
-        self._pending: dict[int, int] = {}
-        self._ready: dict[int, Result] = {}
+        self._subs = [SubEnv() for _ in range(num_envs)]
+        self._arrivals: dict[int, None] = {}  # sub-envs with an uncollected result, in arrival order
         self._arrived: asyncio.Event | None = None
         self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
-        self._step_actions: Any = None
+        self._busy = threading.Lock()
+        runtime.track(self)
 
     # -- what a backend implements -------------------------------------------------------------
     @abc.abstractmethod
@@ -116,52 +199,53 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
     async def _aclose_backend(self) -> None:
         """Release every session, adapter, process or actor."""
 
+    def _release(self) -> None:
+        """Release what outlives the backend (Ray's runtime), from the closing thread; called last
+        by :meth:`close`, never from ``__del__`` (the exit hooks take care of it then)."""
+
     # -- requests and results --------------------------------------------------------------------
     def _new_op(self, env_id: int, kind: str, **fields: Any) -> Op:
         self._next_req += 1
         op = Op(env_id, self._next_req, kind, **fields)
-        self._pending[env_id] = op.req_id
-        self._ready.pop(env_id, None)
+        self._subs[env_id].sent(op.req_id)
+        self._arrivals.pop(env_id, None)
         return op
+
+    def _reset_op(self, env_id: int, **fields: Any) -> Op:
+        """A reset request, recreating the sub-env first if it broke."""
+        sub = self._subs[env_id]
+        if sub.phase is Phase.BROKEN:
+            fields["recreate"] = True
+        return self._new_op(env_id, "reset", note=sub.take_note(), **fields)
 
     def _deliver(self, result: Result) -> None:
         """Accept a result if it answers the sub-env's current request; drop it otherwise."""
-        if self._pending.get(result.env_id) != result.req_id:
+        if not self._subs[result.env_id].answered(result):
             self.late_results += 1
             return
-        del self._pending[result.env_id]
-        self._ready[result.env_id] = result
+        self._arrivals[result.env_id] = None
         # Wake the waiter only when it can finish: waking it per result would rescan the
         # ready set each time, quadratic in the batch size (256-result batches at 1,024 envs).
-        if self._arrived is not None and len(self._ready) >= self._want:
+        if self._arrived is not None and len(self._arrivals) >= self._want:
             self._arrived.set()
 
-    def _absorb(self, result: Result, reset: bool) -> None:
-        i = result.env_id
-        self._obs[i] = result.obs
-        if result.error is not None:
-            self._needs_reset[i] = self._recreate[i] = True
-            self._done[i] = True
-        elif reset or self.autoreset_mode == AutoresetMode.SAME_STEP:
-            self._done[i] = False
-        else:
-            self._done[i] = result.terminated or result.truncated
-
-    async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[Result]:
-        """Wait until ``count`` results are ready (from ``env_ids`` if given); first-ready order."""
+    async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[int]:
+        """Wait until ``count`` results are ready (from ``env_ids`` if given); their ids, first-ready
+        first. The results stay in place until :meth:`_collect` takes them."""
         if self._arrived is None:
             self._arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            ready = list(self._ready) if env_ids is None else [i for i in self._ready if i in env_ids]
+            ready = list(self._arrivals) if env_ids is None else [i for i in self._arrivals if i in env_ids]
             if len(ready) >= count:
-                return [self._ready.pop(i) for i in ready[:count]]
+                return ready[:count]
             self._arrived.clear()
-            self._want = len(self._ready) + (count - len(ready))
+            self._want = len(self._arrivals) + (count - len(ready))
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
-                raise BackendTimeout(f"{len(ready)} of {count} sub-env results arrived within {timeout} s")
+                raise BackendTimeout(f"{len(ready)} of {count} sub-env results arrived within the recv "
+                                     f"timeout={timeout} s")
             try:
                 async with asyncio.timeout(remaining):
                     await self._arrived.wait()
@@ -170,16 +254,62 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             finally:
                 self._want = 1
 
+    def _collect(self, env_ids: list[int]) -> None:
+        """Mark these results as returned to the caller (the last thing a recv does, so an
+        interrupt landing before it loses nothing: the next recv returns them again)."""
+        for i in env_ids:
+            self._arrivals.pop(i, None)
+            self._subs[i].collected()
+
+    def _requested(self) -> list[int]:
+        return [i for i, sub in enumerate(self._subs) if sub.request is not None]
+
+    def _abandon(self, env_ids: list[int], message: str) -> None:
+        """Give up on these sub-envs' requests: they are recreated and reset on their next one."""
+        if not env_ids:
+            return
+        note = {"error": {"type": "BackendTimeout" if "within" in message else "Interrupted", "message": message}}
+        for i in env_ids:
+            self._subs[i].abandon(dict(note))
+            self._arrivals.pop(i, None)
+        runtime.run_sync(self._cancel(env_ids), _CANCEL_TIMEOUT)
+
+    @contextlib.contextmanager
+    def _one_caller(self, what: str) -> Iterator[None]:
+        self._check_open()
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUse(f"{what}() was called while another call on this vector env is running "
+                                "(from another thread?); a vector env serves one caller at a time")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
     # -- Gymnasium VectorEnv API -----------------------------------------------------------------
     def reset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[list[Message], ...], dict[str, Any]]:
-        """Reset every sub-env, or those in ``options["reset_mask"]`` (a bool array of shape (n,)).
+        """Reset every sub-env, or those in ``options["reset_mask"]``, and return their openings.
 
-        ``seed``: ``None``, an int (sub-env ``i`` gets ``seed + i``) or one seed per sub-env.
-        Other options go to every sub-env's reset (``split``, ``index``, ``task``).
+        Args:
+            seed: ``None``, an int (sub-env ``i`` gets ``seed + i``) or one seed per sub-env; a
+                seed reseeds the sub-env's task choice, so the same seed gives the same tasks.
+            options: ``reset_mask`` (a bool array of shape ``(num_envs,)``: reset only those) and
+                per-episode options given to every reset sub-env (``split``, ``index``, ``task``).
+
+        Returns:
+            ``(observations, infos)``: one message list per sub-env (a sub-env outside the mask
+            keeps its last observation), and Gymnasium-style batched infos with ``_key`` masks.
+
+        A bad option (an unknown split, a task index out of range) raises
+        :class:`~openenv_gym.errors.ConfigurationError`; a backend failure does not raise but
+        shows in that sub-env's ``infos["error"]``.
+
+        >>> envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=4)  # doctest: +SKIP
+        >>> obs, infos = envs.reset(seed=0)                             # doctest: +SKIP
+        >>> obs[0][0]["role"], infos["task_id"][0]                      # doctest: +SKIP
+        ('user', 'train/...')
         """
-        self._check_open()
         n = self.num_envs
         if seed is None:
             seeds: list[int | None] = [None] * n
@@ -196,32 +326,54 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         elif not isinstance(mask, np.ndarray) or mask.shape != (n,) or mask.dtype != np.bool_ or not mask.any():
             raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({n},) with at least one True")
         env_ids = [i for i in range(n) if mask[i]]
-        return runtime.run_sync(self._areset(env_ids, seeds, options or None))
+        with self._one_caller("reset"):
+            try:
+                return runtime.run_sync(self._areset(env_ids, seeds, options or None))
+            except BaseException:
+                # Interrupted (Ctrl-C): the resets still in flight are abandoned, not left to
+                # answer a later recv() that never asked for them.
+                self._abandon([i for i in env_ids if self._subs[i].request is not None],
+                              "a reset() was interrupted; the sub-env was reset again")
+                raise
 
     async def _areset(self, env_ids: list[int], seeds: list[int | None], options: dict[str, Any] | None):
-        stale = [i for i in env_ids if i in self._pending]
+        stale = [i for i in env_ids if self._subs[i].busy]
         if stale:
             for i in stale:
-                del self._pending[i]
+                self._subs[i].request = self._subs[i].result = None
+                self._arrivals.pop(i, None)
             await self._cancel(stale)
-        ops = []
-        for i in env_ids:
-            ops.append(self._new_op(i, "reset", seed=seeds[i], options=options, note=self._notes.pop(i, None),
-                                    **({"recreate": True} if self._recreate[i] else {})))
-            self._recreate[i] = False
-            self._needs_reset[i] = False
+        ops = [self._reset_op(i, seed=seeds[i], options=options) for i in env_ids]
         await self._execute(ops)
-        results = await self._wait(set(env_ids), len(env_ids), None)
+        ready = await self._wait(set(env_ids), len(env_ids), None)
+        results = [self._subs[i].result for i in ready]
+        self._collect(ready)
         infos: dict[str, Any] = {}
         for result in sorted(results, key=lambda r: r.env_id):
-            self._absorb(result, reset=True)
+            self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=True)
             if result.error is not None and result.error.get("user"):
                 raise ConfigurationError(f"sub-env {result.env_id}: {result.error['message']}")
             infos = self._add_info(infos, result.info, result.env_id)
-        return tuple(copy.copy(o) for o in self._obs), infos
+        return tuple(copy.copy(sub.obs) for sub in self._subs), infos
 
     def step(self, actions: Sequence[Any]) -> tuple[tuple[list[Message], ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Step every sub-env with its action; Gymnasium's batched 5-tuple."""
+        """Step every sub-env with its action and wait for all of them.
+
+        Args:
+            actions: one action per sub-env: assistant text or an OpenAI assistant message dict
+                (with ``tool_calls``). A malformed action is not an error: the sub-env's agent
+                gets a message saying what was wrong, as in a single env.
+
+        Returns:
+            Gymnasium's batched 5-tuple ``(observations, rewards, terminations, truncations,
+            infos)``. A sub-env whose backend failed or exceeded ``step_timeout`` is truncated
+            with ``infos["error"]`` and recreated on its next request; the others go on.
+            Ended sub-envs autoreset as ``metadata["autoreset_mode"]`` says.
+
+        Raises:
+            InvalidAction: an action that is not an action at all (say a set or bytes);
+                nothing is sent then.
+        """
         self.step_async(actions)
         return self.step_wait()
 
@@ -236,78 +388,113 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         not answered are reset (and recreated) on their next request, with ``info["error"]``
         saying why, and their late results are dropped.
         """
-        results = sorted(self._recv_results(None, timeout), key=lambda r: r.env_id)
-        if len(results) != self.num_envs:
-            raise ConfigurationError("step_wait() needs a step_async() to every sub-env")
-        infos: dict[str, Any] = {}
-        for result in results:
-            self._absorb(result, reset=False)
-            infos = self._add_info(infos, result.info, result.env_id)
-        return (
-            tuple(r.obs for r in results),
-            np.array([r.reward for r in results], dtype=np.float64),
-            np.array([r.terminated for r in results], dtype=np.bool_),
-            np.array([r.truncated for r in results], dtype=np.bool_),
-            infos,
-        )
+        with self._one_caller("step_wait"):
+            ready = sorted(self._recv_ready(None, timeout))
+            if len(ready) != self.num_envs:
+                raise ConfigurationError("step_wait() needs a step_async() to every sub-env")
+            results = [self._subs[i].result for i in ready]
+            infos: dict[str, Any] = {}
+            for result in results:
+                self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=False)
+                infos = self._add_info(infos, result.info, result.env_id)
+            out = (
+                tuple(r.obs for r in results),
+                np.array([r.reward for r in results], dtype=np.float64),
+                np.array([r.terminated for r in results], dtype=np.bool_),
+                np.array([r.truncated for r in results], dtype=np.bool_),
+                infos,
+            )
+            self._collect(ready)
+            return out
 
     def send(self, actions: Sequence[Any], env_ids: Sequence[int] | np.ndarray | None = None) -> None:
-        """Send actions to sub-envs (all of them when ``env_ids`` is None), without waiting.
+        """Send actions to sub-envs without waiting (EnvPool style); collect with :meth:`recv`.
+
+        Args:
+            actions: one action per id in ``env_ids``.
+            env_ids: the sub-envs to send to (default: all of them); none may have a request in
+                flight (a result not yet collected is dropped for the new request).
 
         A sub-env that ended is autoreset as ``metadata["autoreset_mode"]`` says: NEXT_STEP resets
         it on this request (the action is ignored), SAME_STEP resets it in the same request as
-        the final step, DISABLED refuses (reset it with ``reset_mask``).
+        the final step, DISABLED refuses (reset it with ``reset_mask``). A sub-env that broke is
+        recreated and reset on this request, whatever the mode.
+
+        Raises:
+            InvalidAction: an action that is not an action at all; nothing is sent then.
         """
-        self._check_open()
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        actions = list(actions)
-        if len(actions) != len(ids):
-            raise ValueError(f"got {len(actions)} actions for {len(ids)} sub-envs")
-        if len(set(ids)) != len(ids):
-            raise ValueError("env_ids must not repeat")
-        ops = []
-        for i, action in zip(ids, actions):
-            if not 0 <= i < self.num_envs:
-                raise ValueError(f"env id {i} is outside 0..{self.num_envs - 1}")
-            if i in self._pending:
-                raise ConfigurationError(f"sub-env {i} already has a request in flight; recv() it first")
-            if self.autoreset_mode == AutoresetMode.DISABLED and self._done[i]:
-                raise EpisodeFinished(f"sub-env {i} has ended and autoreset is disabled; reset it with "
-                                      "options={'reset_mask': mask}")
-            if self._needs_reset[i] or (self.autoreset_mode == AutoresetMode.NEXT_STEP and self._done[i]):
-                extra = {"recreate": True} if self._recreate[i] else {}
-                ops.append(self._new_op(i, "reset", note=self._notes.pop(i, None), **extra))
-                self._needs_reset[i] = self._recreate[i] = False
-            else:
-                kind = "step_reset" if self.autoreset_mode == AutoresetMode.SAME_STEP else "step"
-                ops.append(self._new_op(i, kind, action=action))
-        runtime.run_sync(self._execute(ops))
+        with self._one_caller("send"):
+            ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+            actions = list(actions)
+            if len(actions) != len(ids):
+                raise ValueError(f"got {len(actions)} actions for {len(ids)} sub-envs")
+            if len(set(ids)) != len(ids):
+                raise ValueError("env_ids must not repeat")
+            for i, action in zip(ids, actions):
+                if not 0 <= i < self.num_envs:
+                    raise ValueError(f"env id {i} is outside 0..{self.num_envs - 1}")
+                sub = self._subs[i]
+                if sub.request is not None:  # an uncollected result is superseded, as in step_wait
+                    raise ConfigurationError(f"sub-env {i} already has a request in flight; recv() it first")
+                if sub.phase is Phase.NEW:
+                    raise EpisodeNotStarted(f"sub-env {i} was never reset; call reset() first")
+                if self.autoreset_mode == AutoresetMode.DISABLED and sub.phase in (Phase.ENDED, Phase.BROKEN):
+                    raise EpisodeFinished(f"sub-env {i} has ended and autoreset is disabled; reset it with "
+                                          "options={'reset_mask': mask}")
+                check_action_type(action)
+            ops = []
+            for i, action in zip(ids, actions):
+                phase = self._subs[i].phase
+                if phase is Phase.BROKEN or (phase is Phase.ENDED and self.autoreset_mode == AutoresetMode.NEXT_STEP):
+                    ops.append(self._reset_op(i))
+                else:
+                    kind = "step_reset" if self.autoreset_mode == AutoresetMode.SAME_STEP else "step"
+                    ops.append(self._new_op(i, kind, action=action))
+            try:
+                runtime.run_sync(self._execute(ops))
+            except BaseException:
+                self._abandon([op.env_id for op in ops if self._subs[op.env_id].request == op.req_id],
+                              "a send() was interrupted before its request went out; the sub-env was reset")
+                raise
 
     def recv(self, batch_size: int | None = None, timeout: float | None = None) -> Batch:
-        """Return the first ``batch_size`` sub-envs to finish (default: all in flight), with ids.
+        """Return the first ``batch_size`` sub-envs to finish, with their ids (EnvPool style).
 
-        Waits for ``batch_size`` results; raises :class:`~openenv_gym.errors.BackendTimeout` if
-        they do not arrive within ``timeout`` (waiting for all in flight, the missing sub-envs
-        are then reset on their next request; with a smaller batch they stay in flight).
+        Args:
+            batch_size: how many results to wait for (default: every request in flight).
+            timeout: seconds to wait (``None``: until they arrive).
+
+        Returns:
+            A :class:`Batch`: observations, rewards, terminations, truncations and infos of the
+            sub-envs in ``env_ids``, in the order they finished.
+
+        Raises:
+            BackendTimeout: fewer than ``batch_size`` results arrived within ``timeout``. When
+                waiting for all in flight, the missing sub-envs are then reset on their next
+                request; with a smaller batch they stay in flight. An interrupted ``recv``
+                (Ctrl-C) loses nothing: the results arrive for the next one.
         """
-        results = self._recv_results(batch_size, timeout)
-        infos: dict[str, Any] = {}
-        for k, result in enumerate(results):
-            self._absorb(result, reset=False)
-            infos = self._add_info(infos, result.info, k)
-        infos = _trim(infos, len(results))  # Gymnasium sizes info arrays by num_envs
-        return Batch(
-            tuple(r.obs for r in results),
-            np.array([r.reward for r in results], dtype=np.float64),
-            np.array([r.terminated for r in results], dtype=np.bool_),
-            np.array([r.truncated for r in results], dtype=np.bool_),
-            infos,
-            np.array([r.env_id for r in results], dtype=np.int64),
-        )
+        with self._one_caller("recv"):
+            ready = self._recv_ready(batch_size, timeout)
+            results = [self._subs[i].result for i in ready]
+            infos: dict[str, Any] = {}
+            for k, result in enumerate(results):
+                self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=False)
+                infos = self._add_info(infos, result.info, k)
+            infos = _trim(infos, len(results))  # Gymnasium sizes info arrays by num_envs
+            batch = Batch(
+                tuple(r.obs for r in results),
+                np.array([r.reward for r in results], dtype=np.float64),
+                np.array([r.terminated for r in results], dtype=np.bool_),
+                np.array([r.truncated for r in results], dtype=np.bool_),
+                infos,
+                np.array([r.env_id for r in results], dtype=np.int64),
+            )
+            self._collect(ready)
+            return batch
 
-    def _recv_results(self, batch_size: int | None, timeout: float | None) -> list[Result]:
-        self._check_open()
-        in_flight = len(self._pending) + len(self._ready)
+    def _recv_ready(self, batch_size: int | None, timeout: float | None) -> list[int]:
+        in_flight = sum(sub.busy for sub in self._subs)
         count = in_flight if batch_size is None else min(batch_size, in_flight)
         if count == 0:
             raise ConfigurationError("recv() with no request in flight; send() first")
@@ -315,22 +502,14 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             return runtime.run_sync(self._wait(None, count, timeout))
         except BackendTimeout:
             if batch_size is None or batch_size >= in_flight:
-                self._abandon(list(self._pending), timeout)
+                self._abandon(self._requested(), f"the previous request got no answer within the recv "
+                                                 f"timeout={timeout} s; the sub-env was reset")
             raise
-
-    def _abandon(self, env_ids: list[int], timeout: float | None) -> None:
-        for i in env_ids:
-            self._pending.pop(i, None)
-            self._needs_reset[i] = self._recreate[i] = True
-            self._notes[i] = {"error": {"type": "BackendTimeout",
-                                        "message": f"the previous request got no answer within {timeout} s; "
-                                                   "the sub-env was reset"}}
-        runtime.run_sync(self._cancel(env_ids))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``name`` on every sub-env's session (or read it, if not callable)."""
-        self._check_open()
-        return tuple(runtime.run_sync(self._call(name, args, kwargs)))
+        with self._one_caller("call"):
+            return tuple(runtime.run_sync(self._call(name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Read ``name`` from every sub-env's session."""
@@ -338,20 +517,30 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
 
     def set_attr(self, name: str, values: Any | list[Any] | tuple[Any, ...]) -> None:
         """Set ``name`` on every sub-env's session: one value each, or one value for all."""
-        self._check_open()
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"values must have length num_envs={self.num_envs}, got {len(values)}")
-        runtime.run_sync(self._set_attr(name, list(values)))
+        with self._one_caller("set_attr"):
+            runtime.run_sync(self._set_attr(name, list(values)))
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Stop every in-flight request and release the backend (no process or actor is left)."""
-        pending = list(self._pending)
-        self._pending.clear()
-        runtime.run_sync(self._shutdown(pending), 120.0)
+        """Stop every in-flight request and release the backend (no process or actor is left).
 
-    async def _shutdown(self, pending: list[int]) -> None:
+        Bounded: a backend that does not answer is abandoned after :data:`_CLOSE_TIMEOUT` s
+        (adapters bound their own teardown much tighter).
+        """
+        runtime.untrack(self)
+        try:
+            runtime.run_sync(self._shutdown(), _CLOSE_TIMEOUT)
+        finally:
+            self._release()
+
+    async def _shutdown(self) -> None:
+        pending = self._requested()
+        for sub in self._subs:
+            sub.request = sub.result = None
+        self._arrivals.clear()
         if pending:
             await self._cancel(pending)
         await self._aclose_backend()
@@ -361,12 +550,12 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             raise ConfigurationError("the vector env is closed")
 
     def __del__(self) -> None:
-        try:
-            if not getattr(self, "closed", True):
-                self.close()
-        except Exception:
-            pass
-
+        # Never block here: this may run in any thread, or during finalisation (when the exit
+        # hook has closed, or will close, what is left).
+        if not getattr(self, "closed", True):
+            self.closed = True
+            runtime.untrack(self)
+            runtime.close_later(self._shutdown())
 
 
 def _trim(infos: dict[str, Any], n: int) -> dict[str, Any]:

@@ -18,10 +18,9 @@ from gymnasium.vector import AutoresetMode
 from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.redact import RedactedSpec
-from openenv_gym.session import EnvSession
-from openenv_gym.vector.ops import call_each
+from openenv_gym.session import STEP_TIMEOUT, EnvSession
 from openenv_gym.vector.base import AgentVectorEnv
-from openenv_gym.vector.ops import Op, run_op
+from openenv_gym.vector.ops import Op, call_each, run_op
 
 __all__ = ["ConcurrentVectorEnv"]
 
@@ -49,7 +48,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         envs_per_client: int = 8,
         max_in_flight: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        step_timeout: float | None = None,
+        step_timeout: float | None = STEP_TIMEOUT,
     ):
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any server or client starts
         self._spec_adapter = adapter

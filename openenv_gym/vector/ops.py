@@ -16,7 +16,9 @@ from typing import Any
 
 import msgspec
 
+from openenv_gym.actions import Turn
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.runtime import within
 from openenv_gym.session import EnvSession
 from openenv_gym.wire import Message
 
@@ -36,6 +38,9 @@ class Op(msgspec.Struct, array_like=True, omit_defaults=True):
     """An ``error`` entry to report with this op's result (why a reset was forced)."""
     recreate: bool = False
     """Replace the sub-env's session before running (its previous request failed)."""
+    turn: Turn | None = None
+    """The action already parsed (a backend that ships ops between processes sends this rather
+    than the raw action: a parsed turn always encodes, whatever the model wrote)."""
 
 
 class Result(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -59,13 +64,6 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return error
 
 
-async def _guarded(coro: Any, timeout: float | None) -> Any:
-    if timeout is None:
-        return await coro
-    async with asyncio.timeout(timeout):
-        return await coro
-
-
 async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> Result:
     """Execute ``op`` on ``session``; failures and timeouts become ``Result.error``.
 
@@ -75,23 +73,22 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> R
     """
     try:
         if op.kind == "reset":
-            obs, info = await _guarded(session.reset(op.seed, op.options), timeout)
+            obs, info = await within(session.reset(op.seed, op.options), timeout, "the sub-env's reset")
             if op.note:
                 info = {**info, **op.note}
             return Result(op.env_id, op.req_id, obs, info=info)
-        obs, reward, terminated, truncated, info = await _guarded(session.step(op.action), timeout)
+        action = op.turn if op.turn is not None else op.action
+        obs, reward, terminated, truncated, info = await within(session.step(action), timeout, "the sub-env's step")
         if op.kind == "step_reset" and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}
             try:
-                obs, info = await _guarded(session.reset(), timeout)
+                obs, info = await within(session.reset(), timeout, "the sub-env's autoreset")
             except Exception as exc:  # the step happened; only the reset failed
                 return Result(op.env_id, op.req_id, [], reward, terminated, truncated,
                               {**final, "error": _error(exc)}, error=_error(exc))
             info = {**info, **final}
         return Result(op.env_id, op.req_id, obs, reward, terminated, truncated, info)
-    except TimeoutError:
-        err = {"type": "BackendTimeout", "message": f"the sub-env did not answer a {op.kind} within {timeout} s"}
-    except Exception as exc:
+    except Exception as exc:  # the adapter's own timeouts keep their message (and its limit)
         err = _error(exc)
     return Result(op.env_id, op.req_id, [], 0.0, False, True, {"error": err}, error=err)
 
@@ -118,8 +115,17 @@ def encode_ops(ops: list[Op]) -> bytes:
     return _encoder.encode(ops)
 
 
+def _decode(decoder: msgspec.msgpack.Decoder, data: bytes) -> Any:
+    # msgspec lets RecursionError (bytes nested deeper than the stack) and UnicodeDecodeError
+    # (a string that is not UTF-8) out of decode: both mean unreadable bytes, like DecodeError.
+    try:
+        return decoder.decode(data)
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise msgspec.DecodeError(f"unreadable msgpack: {type(exc).__name__}") from None
+
+
 def decode_ops(data: bytes) -> list[Op]:
-    return _ops_decoder.decode(data)
+    return _decode(_ops_decoder, data)
 
 
 def encode_results(results: list[Result]) -> bytes:
@@ -127,4 +133,4 @@ def encode_results(results: list[Result]) -> bytes:
 
 
 def decode_results(data: bytes) -> list[Result]:
-    return _results_decoder.decode(data)
+    return _decode(_results_decoder, data)

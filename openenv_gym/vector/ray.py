@@ -32,6 +32,7 @@ Design:
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import threading
@@ -42,10 +43,11 @@ import msgspec
 from gymnasium.vector import AutoresetMode
 
 from openenv_gym import runtime
+from openenv_gym.actions import parse_action
 from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.errors import BackendTimeout, ConfigurationError
 from openenv_gym.redact import RedactedSpec
-from openenv_gym.session import EnvSession
+from openenv_gym.session import STEP_TIMEOUT, EnvSession
 from openenv_gym.vector.base import AgentVectorEnv
 from openenv_gym.vector.ops import (
     Op, Result, call_each, decode_ops, decode_results, encode_ops, encode_results, run_op,
@@ -321,7 +323,15 @@ def _acquire_ray(address: str | None) -> bool:
             return False
         if address is None:
             _loopback_only()
-            ray.init(include_dashboard=False)
+            # Ray turns token authentication on for a new local cluster (good) and warns about it
+            # on every start (noise, since the user chose nothing): keep the auth, drop the warning.
+            auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+            level = auth_log.level
+            auth_log.setLevel(logging.ERROR)
+            try:
+                ray.init(include_dashboard=False)
+            finally:
+                auth_log.setLevel(level)
         else:
             ray.init(address=address)
         _ray_users = 1
@@ -384,7 +394,7 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         actor_options: dict[str, Any] | None = None,
         envs_per_client: int = 8,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        step_timeout: float | None = None,
+        step_timeout: float | None = STEP_TIMEOUT,
     ):
         if num_envs < 1:
             raise ConfigurationError("num_envs must be at least 1")
@@ -460,6 +470,11 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         groups: dict[int, list[Op]] = {}
         n_actors = len(self._shards)
         for op in ops:
+            if op.action is not None:
+                # Parsed here, because a raw action may hold what msgpack cannot carry (a lone
+                # surrogate, a huge int, deep nesting); a parsed turn always encodes, and its
+                # problems reach the agent as messages, as in a single env.
+                op.turn, op.action = parse_action(op.action), None
             groups.setdefault(op.env_id % n_actors, []).append(op)
         loop = asyncio.get_running_loop()
         for shard, shard_ops in groups.items():
@@ -614,6 +629,8 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         self._calls.clear()
         self._in_flight.clear()
         actors, self._actors = self._actors, []
+        if not ray.is_initialized():
+            return  # Ray was shut down first (its own exit hook): the actors died with it
         await asyncio.gather(*(self._close_actor(a) for a in actors))
 
     async def _close_actor(self, actor: Any) -> None:
@@ -635,11 +652,8 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         except Exception:
             pass
 
-    def close_extras(self, **kwargs: Any) -> None:
-        """Close every actor and its servers; shut Ray down if this env started it."""
-        try:
-            super().close_extras(**kwargs)
-        finally:
-            if self._owns_ray:
-                self._owns_ray = False
-                _release_ray()
+    def _release(self) -> None:
+        """Shut Ray down if this env started it (and is its last user)."""
+        if self._owns_ray:
+            self._owns_ray = False
+            _release_ray()
