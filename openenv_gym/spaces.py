@@ -37,16 +37,26 @@ def _random_text(rng: np.random.Generator, max_len: int = 12) -> str:
     return "".join(_SAMPLE_CHARS[i] for i in rng.integers(0, len(_SAMPLE_CHARS), size=n))
 
 
+def _valid_part(part: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    return isinstance(kind, str) and (kind != "text" or isinstance(part.get("text"), str))
+
+
 def _valid_content(content: Any) -> bool:
     if content is None or isinstance(content, str):
         return True
     if isinstance(content, list):
-        return all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content)
+        return all(_valid_part(p) for p in content)
     return False
 
 
 def _valid_message(msg: Any) -> bool:
-    if not isinstance(msg, dict) or msg.get("role") not in _ROLES:
+    if not isinstance(msg, dict):
+        return False
+    role = msg.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
         return False
     if not _valid_content(msg.get("content")):
         return False
@@ -124,9 +134,10 @@ class AssistantAction(Space[Any]):
     def contains(self, x: Any) -> bool:
         if isinstance(x, str):
             return True
-        return isinstance(x, dict) and x.get("role", "assistant") == "assistant" and _valid_message(
-            {**x, "role": "assistant"}
-        )
+        if not isinstance(x, dict):
+            return False
+        role = x.get("role", "assistant")
+        return isinstance(role, str) and role == "assistant" and _valid_message({**x, "role": "assistant"})
 
     def sample(self, mask: Any = None, probability: Any = None) -> str | dict[str, Any]:
         rng = self.np_random

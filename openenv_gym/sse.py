@@ -14,7 +14,8 @@ Decisions where the spec leaves room or where ORS needs more:
   form a single CRLF, not an extra empty line.
 * ``id`` follows the spec: the last event ID persists across events until another ``id`` field
   changes it (an ``id`` value containing NUL is ignored). ``retry`` is reported on the event
-  whose block carried it (``None`` otherwise) instead of as decoder-wide state.
+  whose block carried it (``None`` otherwise) instead of as decoder-wide state. A ``retry`` of
+  more than 18 digits is ignored, like one that is not a number.
 * At end of stream (:meth:`SSEDecoder.close`) the spec discards an event that lacks its
   terminating blank line. We dispatch it when every one of its lines was complete (ended by a
   line ending), because a server that closes right after the last ``data:`` line has sent the
@@ -27,6 +28,10 @@ from __future__ import annotations
 import msgspec
 
 __all__ = ["ServerSentEvent", "SSEDecoder", "parse_sse"]
+
+_MAX_RETRY_DIGITS = 18
+"""Longer ``retry`` values (over 30 million years in ms) are ignored: ``int()`` of thousands of
+digits raises, and no reconnection time needs more than a 64-bit integer."""
 
 
 class ServerSentEvent(msgspec.Struct, frozen=True):
@@ -142,7 +147,7 @@ class SSEDecoder:
                 if "\0" not in value:
                     self.last_event_id = value
             elif field == "retry":
-                if value.isascii() and value.isdigit():
+                if value.isascii() and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
                     self._retry = int(value)
         return events
 

@@ -5,12 +5,25 @@ These are the package's data contract: adapters return :class:`Opening` and :cla
 msgspec rather than pydantic because they sit on the hot path of every step (decode of each tool
 result, encode of each step record), where msgspec is several times faster.
 
+Agent-written JSON (tool arguments, task specs passed to ``reset``) is checked here by
+:func:`to_plain_json` and :func:`loads_plain_json`, so that whatever passes can be sent by every
+backend (httpx's ``json=``, MCP, Verifiers' ``json.loads``) and shipped between processes as
+msgpack. "Plain JSON" means: ``None``, ``bool``, ``str`` (valid Unicode: no lone surrogates),
+``int`` within 64 bits (:data:`JSON_INT_MIN`..:data:`JSON_INT_MAX`: what msgpack and most JSON
+libraries outside Python hold; bigger numbers belong in strings), finite ``float``, and lists and
+``str``-keyed dicts of these, nested at most :data:`MAX_JSON_DEPTH` deep.
+
 Messages stay plain OpenAI-format dicts (``{"role": ..., "content": ...}``): that is what a trainer
 feeds to a tokenizer's chat template, so converting them back and forth would be wasted work.
 """
 
 from __future__ import annotations
 
+import math
+import operator
+import re
+from functools import partial
+from itertools import chain, compress
 from typing import Any
 
 import msgspec
@@ -29,6 +42,13 @@ __all__ = [
     "json_decode",
     "msgpack_encode",
     "msgpack_decode",
+    "MAX_JSON_DEPTH",
+    "JSON_INT_MIN",
+    "JSON_INT_MAX",
+    "to_plain_json",
+    "loads_plain_json",
+    "unicode_problem",
+    "clip",
 ]
 
 Message = dict[str, Any]
@@ -122,10 +142,20 @@ def json_encode(obj: Any) -> bytes:
 
 
 def json_decode(data: bytes | str, type: Any = None) -> Any:
-    """Decode JSON, into ``type`` when given (validating it), else into builtins."""
-    if type is None:
-        return _json_decoder.decode(data)
-    return msgspec.json.decode(data, type=type)
+    """Decode JSON, into ``type`` when given (validating it), else into builtins.
+
+    Raises ``msgspec.DecodeError`` (a ``ValueError``; ``ValidationError`` is one) for anything
+    unreadable, including what msgspec reports otherwise: nesting too deep to decode
+    (``RecursionError``) and strings that are not UTF-8 (``UnicodeDecodeError``).
+    """
+    try:
+        if type is None:
+            return _json_decoder.decode(data)
+        return msgspec.json.decode(data, type=type)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply to decode") from None
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"JSON is malformed: invalid UTF-8 (byte {exc.start})") from None
 
 
 def msgpack_encode(obj: Any) -> bytes:
@@ -134,7 +164,195 @@ def msgpack_encode(obj: Any) -> bytes:
 
 
 def msgpack_decode(data: bytes, type: Any = None) -> Any:
-    """Decode msgpack, into ``type`` when given."""
-    if type is None:
-        return _msgpack_decoder.decode(data)
-    return msgspec.msgpack.decode(data, type=type)
+    """Decode msgpack, into ``type`` when given; errors as :func:`json_decode`'s."""
+    try:
+        if type is None:
+            return _msgpack_decoder.decode(data)
+        return msgspec.msgpack.decode(data, type=type)
+    except RecursionError:
+        raise msgspec.DecodeError("MessagePack data is nested too deeply to decode") from None
+    except UnicodeDecodeError:
+        raise msgspec.DecodeError("MessagePack data is malformed: a string is not valid UTF-8") from None
+
+
+# -- agent-written JSON ------------------------------------------------------------------------------
+
+MAX_JSON_DEPTH = 100
+"""How deep arrays and objects may nest in agent-written JSON (the outermost one is level 1).
+Real tool arguments nest a few levels; the limit keeps every encoder and decoder far from
+Python's recursion limit, in whichever process the value is decoded."""
+
+JSON_INT_MIN = -(2**63)
+JSON_INT_MAX = 2**64 - 1
+
+_IS_DICT = partial(operator.is_, dict)
+_IS_LIST = partial(operator.is_, list)
+_IS_CONTAINER = frozenset((dict, list)).__contains__
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_BIG_INT = "write numbers that large as strings"
+_AT_BYTE = re.compile(r" \(byte (\d+)\)$")
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or the latter alone (msgspec
+# refuses them with a confusing "truncated"; this finds them to say so plainly).
+_LONE_ESCAPE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """``repr`` of ``text`` cut to about ``limit`` characters: safe to echo in a message (lone
+    surrogates and control characters come out escaped; megabytes do not come out at all)."""
+    if len(text) > limit:
+        return f"{text[:limit]!r}... ({len(text)} characters)"
+    return repr(text)
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` is not valid Unicode, or ``None``: "a lone surrogate (...) at position N..."
+    (the only way a Python ``str`` can fail; no UTF-8 encoder accepts one)."""
+    if text.isascii():
+        return None
+    match = _SURROGATE.search(text)
+    if match is None:
+        return None
+    return f"a lone surrogate (U+{ord(match.group()):04X}) at position {match.start()}, which is not valid Unicode"
+
+
+def _nests_deeper(plain: Any, max_depth: int) -> bool:
+    """Whether arrays and objects nest more than ``max_depth`` levels deep in ``plain`` (decoded
+    JSON, so only exact builtin types). A level-by-level sweep whose per-element work runs in C
+    (map, compress, chain): it costs about what decoding the value did, whatever its strings hold."""
+    level = [plain]
+    for _ in range(max_depth):
+        types = list(map(type, level))
+        children = list(chain(
+            chain.from_iterable(map(dict.values, compress(level, map(_IS_DICT, types)))),
+            chain.from_iterable(compress(level, map(_IS_LIST, types))),
+        ))
+        level = list(compress(children, map(_IS_CONTAINER, map(type, children))))
+        if not level:
+            return False
+    return True
+
+
+def _path(node: tuple | None) -> str:
+    """JSONPath-like text of a walk node (a linked list ``(parent, key)``), built only to report."""
+    parts: list[str] = []
+    while node is not None:
+        node, key = node
+        if isinstance(key, int):
+            parts.append(f"[{key}]")
+        elif key.isidentifier() and len(key) <= 40:
+            parts.append(f".{key}")
+        else:
+            parts.append(f"[{clip(key, 40)}]")
+    return "$" + "".join(reversed(parts))
+
+
+def _find_problem(value: Any, max_depth: int) -> str | None:
+    """The first part of ``value`` that is not plain JSON, said in words, or ``None``.
+
+    An iterative walk that never goes deeper than ``max_depth`` (so cycles and 100,000-deep
+    nesting end quickly). It runs only after the fast check failed, to say what and where.
+    """
+    stack: list[tuple[Any, tuple | None, int]] = [(value, None, 1)]
+    while stack:
+        item, node, depth = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            why = unicode_problem(item)
+            if why is not None:
+                return f"the string at {_path(node)} holds {why}"
+        elif isinstance(item, int):
+            if not JSON_INT_MIN <= item <= JSON_INT_MAX:
+                digits = int(item.bit_length() * 0.30103) + 1
+                return f"the integer at {_path(node)} (about {digits} digits) is outside the 64-bit range ({_BIG_INT})"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"the number at {_path(node)} is {_NON_FINITE.get(repr(item), repr(item))}, which JSON cannot hold"
+        elif isinstance(item, (list, tuple, dict)):
+            if depth > max_depth:
+                return f"arrays and objects nest more than {max_depth} levels deep"
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    if not isinstance(key, str):
+                        return f"the object at {_path(node)} has a key that is not a string ({type(key).__name__})"
+                    why = unicode_problem(key)
+                    if why is not None:
+                        return f"a key of the object at {_path(node)} holds {why}"
+                    stack.append((sub, (node, key), depth + 1))
+            else:
+                stack.extend((sub, (node, i), depth + 1) for i, sub in enumerate(item))
+        else:
+            return f"the value at {_path(node)} is a Python {type(item).__name__}, which JSON cannot hold"
+    return None
+
+
+def _limits(plain: Any, containers: int, max_depth: int) -> tuple[Any, str | None]:
+    """Apply the depth and integer limits to ``plain``, decoded from JSON that has at most
+    ``containers`` arrays and objects (a count of brackets, which may include some in strings)."""
+    if containers > max_depth and _nests_deeper(plain, max_depth):
+        return None, f"arrays and objects nest more than {max_depth} levels deep"
+    try:
+        _msgpack_encoder.encode(plain)  # C-fast, and refuses exactly the ints beyond 64 bits
+    except OverflowError:
+        return None, _find_problem(plain, max_depth) or f"an integer is outside the 64-bit range ({_BIG_INT})"
+    return plain, None
+
+
+def to_plain_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> tuple[Any, str | None]:
+    """``(value as plain JSON builtins, None)``, or ``(None, why it is not plain JSON)``.
+
+    Fast enough for every step: msgspec encodes and decodes the value in C, and a C-level ``==``
+    confirms that nothing was converted on the way (msgspec writes NaN and Infinity as ``null``,
+    sets and tuples as arrays, bytes as base64, int keys as strings). Only when that fails does a
+    Python walk look for what to report (a tuple or a subclass is fine: it is returned as its
+    plain form). Never raises, whatever ``value`` holds (cycles and deep nesting included).
+    """
+    data = plain = None
+    decoded = same = False
+    try:
+        data = _json_encoder.encode(value)
+        plain = _json_decoder.decode(data)
+        decoded = True
+        same = plain == value
+    except Exception:  # msgspec's refusals, RecursionError, or an object's own failing methods
+        pass
+    if not same:
+        try:
+            problem = _find_problem(value, max_depth)
+        except Exception as exc:  # a container whose iteration fails
+            problem = f"the value cannot be read as JSON ({type(exc).__name__})"
+        if problem is not None:
+            return None, problem
+        if not decoded:
+            return None, "the value cannot be encoded as JSON"
+    assert data is not None
+    return _limits(plain, data.count(b"[") + data.count(b"{"), max_depth)
+
+
+def loads_plain_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[Any, str | None]:
+    """Decode agent-written JSON ``text``: ``(value, None)`` or ``(None, why it is not valid)``.
+
+    Strict JSON (no ``NaN``/``Infinity`` literals, no lone surrogate escapes) with the limits of
+    :func:`to_plain_json`. Never raises.
+    """
+    try:
+        plain = _json_decoder.decode(text)
+    except UnicodeEncodeError as exc:
+        return None, f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X}) at position {exc.start}, which is not valid Unicode"
+    except RecursionError:
+        return None, f"arrays and objects nest more than {max_depth} levels deep"
+    except msgspec.ValidationError as exc:  # msgspec's only one for untyped decoding: a number out of range
+        if "Integer" in str(exc):
+            return None, f"an integer is outside the 64-bit range ({_BIG_INT})"
+        return None, "a number is too large for a float"
+    except msgspec.DecodeError as exc:
+        lone = _LONE_ESCAPE.search(text)
+        if lone is not None:
+            return None, f"the text is not valid JSON (the escape {lone.group()} at position {lone.start()} is a lone surrogate)"
+        detail = _AT_BYTE.sub(r" at byte \1", str(exc).removeprefix("JSON is malformed: "))
+        return None, f"the text is not valid JSON ({detail[:1].lower()}{detail[1:]})"
+    except Exception as exc:  # pragma: no cover - msgspec documents only the errors above
+        return None, f"the text is not valid JSON ({type(exc).__name__})"
+    return _limits(plain, text.count("[") + text.count("{"), max_depth)

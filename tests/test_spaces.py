@@ -29,6 +29,18 @@ def test_malformed_observations_are_not_contained(bad):
     assert not Messages().contains(bad)
 
 
+@pytest.mark.parametrize("bad", [
+    {"role": ["assistant"]}, {"role": {"x": 1}}, {"role": np.array(["assistant", "user"])},
+    {"content": [{"type": "text", "text": 5}]}, {"content": [{"type": ["text"]}]}, {"content": ["hi"]},
+    {"tool_calls": [{"function": {"name": 5}}]}, {"tool_calls": "oops"}, {1, 2}, b"hi", None, 5,
+], ids=repr)
+def test_contains_answers_false_for_malformed_actions_instead_of_raising(bad):
+    # An unhashable role used to raise TypeError from `role in frozenset`; an array role, ValueError.
+    assert not AssistantAction().contains(bad)
+    message = {"role": "assistant", **bad} if isinstance(bad, dict) and "role" not in bad else bad
+    assert not Messages().contains([message])
+
+
 class Inner(BaseModel):
     tag: str = Field(min_length=2, max_length=5)
     weight: float = Field(ge=0, le=1)

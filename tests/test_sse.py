@@ -226,6 +226,13 @@ def test_field_rules() -> None:
     ]
 
 
+def test_an_enormous_retry_value_is_ignored_not_raised() -> None:
+    # int() of more than 4300 digits raises ValueError: a server could crash the reader with it.
+    assert parse_sse(f"retry: {'9' * 5000}\ndata: x\n\n") == [ServerSentEvent(data="x")]
+    assert parse_sse(f"retry: {'9' * 19}\ndata: x\n\n") == [ServerSentEvent(data="x")]
+    assert parse_sse(f"retry: {'9' * 18}\ndata: x\n\n")[0].retry == 10**18 - 1
+
+
 def test_ignored_fields() -> None:
     body = "event: e\nretry: 1s\nid: a\0b\nfoo: bar\ndata: d\n\nevent: nodata\n\n"
     assert parse_sse(body) == [ServerSentEvent(event="e", data="d")]

@@ -440,3 +440,24 @@ def test_a_failing_start_raises_the_actors_error_and_leaves_no_actor(cluster, tm
     with pytest.raises(ValueError):  # a bad option fails before any actor starts
         make(2, autoreset_mode="sometimes")
     assert alive_hosts() == before
+
+
+def test_malformed_actions_reach_the_agent_through_the_actors(cluster):
+    """Actions cross to the actors as msgpack: every named bad action of the robustness suite
+    (huge ints, lone surrogates, NaN, 100,000-deep nesting, sets, bytes...) must still arrive as a
+    message to the agent, without truncating the sub-env."""
+    from bad_actions import NAMED_BAD, SAYS_WHAT_WAS_WRONG  # tests/bad_actions.py
+
+    envs = make(2, max_turns=10**6, vector_options={"num_actors": 1})
+    try:
+        envs.reset(seed=0)
+        for action in NAMED_BAD:
+            obs, rewards, terminated, truncated, infos = envs.step([action, call("calculator", {"expression": "1+1"})])
+            assert not truncated.any() and not terminated.any(), infos
+            assert "error" not in infos, infos.get("error")
+            assert rewards.tolist() == [0.0, 0.0]
+            said = " ".join(str(m.get("content")) for m in obs[0])
+            assert any(phrase in said for phrase in SAYS_WHAT_WAS_WRONG), said[:300]
+            assert obs[1][0]["content"] == "2"
+    finally:
+        envs.close()
