@@ -80,9 +80,16 @@ def run_raw(client: httpx.Client, env_name: str, episodes: int, offset: int) -> 
     return steps, time.perf_counter() - start, total
 
 
+def _raw_client_args(url: str, transport: type) -> dict:
+    """The bundled server listens on a private Unix socket (``unix:<path>``): raw clients use it too."""
+    if url.startswith("unix:"):
+        return {"base_url": "http://ors", "transport": transport(uds=url[len("unix:"):])}
+    return {"base_url": url}
+
+
 async def _run_raw_async(url: str, env_name: str, episodes: int, offset: int) -> tuple[int, float, float]:
     steps, total = 0, 0.0
-    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+    async with httpx.AsyncClient(timeout=60.0, **_raw_client_args(url, httpx.AsyncHTTPTransport)) as client:
         start = time.perf_counter()
         for n in range(episodes):
             headers = {"X-Session-ID": uuid.uuid4().hex}
@@ -114,7 +121,7 @@ def main() -> None:
     env = gym.make("openenv/Arithmetic-v0")
     adapter = env.unwrapped.adapter
     url = adapter._server.url
-    client = httpx.Client(base_url=url, timeout=60.0)
+    client = httpx.Client(timeout=60.0, **_raw_client_args(url, httpx.HTTPTransport))
     try:
         run_gym(env, 20, 0), run_raw(client, adapter.env_name, 20, 0)  # warm both paths up
         run_raw_async(url, adapter.env_name, 20, 0)

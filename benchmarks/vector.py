@@ -115,6 +115,9 @@ async def _aiohttp_reference(url: str, num_envs: int, seconds: float) -> float:
     env = "arithmetic"
     steps = 0
     stop = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=num_envs)
+    if url.startswith("unix:"):  # the bundled server listens on a private Unix socket
+        connector, url = aiohttp.UnixConnector(path=url[len("unix:"):], limit=num_envs), "http://ors"
 
     async def call(session: aiohttp.ClientSession, sid: str) -> None:
         async with session.post(f"{url}/{env}/call", json={"name": "calculator", "input": {"expression": "6 * 7"}},
@@ -141,7 +144,7 @@ async def _aiohttp_reference(url: str, num_envs: int, seconds: float) -> float:
                 await r.read()
             index += num_envs
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=num_envs)) as session:
+    async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()
         await asyncio.gather(*(loop(session, i) for i in range(num_envs)))
         return steps / (time.perf_counter() - start)

@@ -1,24 +1,48 @@
-"""Serve one ORS environment class from a local source on 127.0.0.1 (run as a script).
+"""Serve one ORS environment class from a local source, privately (run as a script).
 
 This file is executed by path in a child process, possibly under another interpreter (a venv
 built from the source's own requirements), so it imports nothing from openenv_gym: only the
 standard library, uvicorn and the SDK that the environment class is written against.
 
-It binds port 0 itself and reports the port it got through ``--port-file`` (written atomically),
-which avoids the race of a parent choosing a "free" port that someone else takes first. It asks
-the kernel to end it when its parent dies, so a crashed trainer leaves no server behind.
+What the child does, and why:
+
+* **Listens privately.** ``--listen unix`` (the default) binds a Unix socket ``ors.sock`` inside
+  ``--workdir``, a 0700 directory of the parent's user: no other user can connect, and nothing
+  listens on a TCP port. ``--listen tcp`` binds 127.0.0.1 on a port the kernel picks (no race
+  with a parent choosing a "free" port) for clients that cannot reach a socket file; every request
+  must then carry ``Authorization: Bearer <token>``, the token coming from the environment
+  variable ``OPENENV_GYM_ORS_TOKEN`` (never argv, which every local user can read in ``ps``).
+  Either way the address is written atomically to ``<workdir>/address`` once the socket is bound.
+* **Serves an ORS class or any ASGI app.** ``--module-file``/``--class`` serve an ORS class with
+  its SDK's ``Server``; ``--app module:attr`` serves an app as it is (an OpenEnv environment's
+  ``server.app:app``), imported with ``--root`` first on ``sys.path``.
+* **Serves the protocol only.** FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are removed.
+* **Keeps its log bounded.** The SDK's per-request log lines are turned off (log level WARNING
+  unless the user set one) and everything written to stdout/stderr goes to
+  ``<workdir>/server.log``, which is rotated to ``server.log.1`` at ``--log-max-bytes``: the two
+  files never hold much more than twice that, however long the run.
+* **Leaves nothing behind.** It asks the kernel to SIGTERM it when its parent dies
+  (``PR_SET_PDEATHSIG``), and on SIGTERM/SIGINT, or when its parent is gone, it removes its own
+  ``--workdir`` before exiting. After a crash it keeps the directory so that the parent can show the
+  log; a parent that is itself gone by then leaves it to the next start's sweep of stale
+  directories (``server.pid`` and the parent's ``owner`` file say whose it is).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import hmac
 import importlib.util
+import io
 import os
+import shutil
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 # Run by path, this file's folder lands first on sys.path, and openenv_gym's own adapters/ors.py
 # would then shadow the ors-sdk package: take the folder out before anything imports `ors`.
@@ -26,6 +50,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 
 _PR_SET_PDEATHSIG = 1
+TOKEN_ENV = "OPENENV_GYM_ORS_TOKEN"
+_HIDDEN_ROUTES = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -43,6 +69,65 @@ def die_with_parent(parent_pid: int) -> None:
         sys.exit(1)
 
 
+# -- bounded log ---------------------------------------------------------------------------------
+class CappedLog(io.TextIOBase):
+    """A text stream appending to a file that is rotated once it would pass ``max_bytes``.
+
+    It writes to ``fd`` (the parent opened the log with ``O_APPEND`` and made it this process's
+    stdout and stderr, so output from before this object existed, or from C code, lands in the
+    same file). Rotation copies the file to ``<name>.1`` and truncates it in place, which every
+    ``O_APPEND`` writer then follows. One write larger than the cap keeps only its tail.
+    """
+
+    def __init__(self, path: Path, max_bytes: int, fd: int):
+        self.path, self.max_bytes, self._fd = path, max(1024, max_bytes), fd
+        self._lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "backslashreplace")
+        if len(data) > self.max_bytes:
+            data = b"[...]" + data[-(self.max_bytes - 5):]
+        with self._lock:
+            try:
+                if os.fstat(self._fd).st_size + len(data) > self.max_bytes:
+                    self._rotate()
+                os.write(self._fd, data)
+            except OSError:
+                pass  # a full disk must not take the server down with it
+        return len(text)
+
+    def _rotate(self) -> None:
+        with open(self.path, "rb") as fh:
+            old = fh.read(self.max_bytes * 2)
+        tmp = self.path.with_name(self.path.name + ".1.tmp")
+        tmp.write_bytes(old)
+        os.replace(tmp, self.path.with_name(self.path.name + ".1"))
+        os.ftruncate(self._fd, 0)
+
+
+def _capture_output(workdir: Path, max_bytes: int) -> None:
+    """Send Python-level stdout/stderr (print, logging, tracebacks) through a :class:`CappedLog`."""
+    log = CappedLog(workdir / "server.log", max_bytes, sys.stderr.fileno())
+    sys.stdout = sys.stderr = log
+    # The SDKs log every request at INFO: quiet by default, overridable by the user's own setting.
+    for name in ("ORS_LOG_LEVEL", "OPENREWARD_LOG_LEVEL"):
+        os.environ.setdefault(name, "WARNING")
+
+
+# -- the app --------------------------------------------------------------------------------------
 def _load_class(root: Path, module_file: str, class_name: str) -> type:
     parts = Path(module_file).with_suffix("").parts
     in_package = len(parts) > 1 and all(
@@ -66,6 +151,17 @@ def _load_class(root: Path, module_file: str, class_name: str) -> type:
         raise SystemExit(f"{module_file} defines no class {class_name!r}") from None
 
 
+def _load_app(root: Path, spec: str) -> Any:
+    """The ASGI app ``module:attr`` names, imported with ``root`` first on ``sys.path``."""
+    module_name, _, attr = spec.partition(":")
+    sys.path.insert(0, str(root))
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr or "app")
+    except AttributeError:
+        raise SystemExit(f"{module_name} defines no {attr or 'app'!r}") from None
+
+
 def _server_class(env_cls: type) -> type:
     if any(base.__module__.startswith("openreward") for base in env_cls.__mro__):
         from openreward.environments import Server
@@ -74,37 +170,141 @@ def _server_class(env_cls: type) -> type:
     return Server
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--root", required=True, help="folder the module path is relative to")
-    parser.add_argument("--module-file", required=True)
-    parser.add_argument("--class", dest="classes", required=True, help="comma-separated names")
-    parser.add_argument("--port-file", required=True)
-    parser.add_argument("--parent-pid", type=int, default=os.getppid())
-    args = parser.parse_args(argv)
+def hide_docs(app: Any) -> None:
+    """Remove FastAPI's interactive docs and schema routes: the server exists for the protocol."""
+    app.openapi_url = app.docs_url = app.redoc_url = app.swagger_ui_oauth2_redirect_url = None
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _HIDDEN_ROUTES]
 
-    die_with_parent(args.parent_pid)
-    os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
-    import uvicorn
 
-    root = Path(args.root)
-    env_classes = [_load_class(root, args.module_file, c) for c in args.classes.split(",")]
-    app = _server_class(env_classes[0])(env_classes).app
+class RequireToken:
+    """ASGI middleware: every HTTP or WebSocket request must carry ``Authorization: Bearer <token>``.
 
+    The comparison is constant-time (``hmac.compare_digest``); anything else gets ``401`` before
+    the app sees the request. Lifespan events pass through.
+    """
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            given = b""
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    given = value
+                    break
+            if not hmac.compare_digest(given, self._expected):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                body = b'{"detail":"missing or wrong server token"}'
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def _bind(listen: str, workdir: Path) -> tuple[socket.socket, str]:
+    if listen == "unix":
+        path = workdir / "ors.sock"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket file is born 0600 (the 0700 folder already guards it)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        return sock, f"unix:{path}"
     # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and without it
     # Nagle's algorithm meets delayed ACKs and every response waits ~40 ms.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    tmp = f"{args.port_file}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(str(port))
-    os.replace(tmp, args.port_file)
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# -- main -----------------------------------------------------------------------------------------
+class _Stop(SystemExit):
+    """Raised by the SIGTERM handler so that ``finally`` blocks (and the workdir cleanup) run."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="folder the module path is relative to")
+    parser.add_argument("--module-file")
+    parser.add_argument("--class", dest="classes", help="comma-separated names")
+    parser.add_argument("--app", help="serve this ASGI app ('module:attr', importable from --root) "
+                                      "instead of an ORS class (OpenEnv environments)")
+    parser.add_argument("--workdir", required=True, help="private 0700 folder: socket, address, log")
+    parser.add_argument("--listen", choices=("unix", "tcp"), default="unix")
+    parser.add_argument("--log-max-bytes", type=int, default=1 << 20)
+    parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    args = parser.parse_args(argv)
+    if not args.app and not (args.module_file and args.classes):
+        parser.error("give --app, or --module-file and --class")
+    workdir = Path(args.workdir)
+    token = os.environ.pop(TOKEN_ENV, "")  # popped: the env's own subprocesses never inherit it
+    if args.listen == "tcp" and not token:
+        raise SystemExit(f"--listen tcp needs a token in ${TOKEN_ENV}")
+
+    stopping = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        raise _Stop(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        _capture_output(workdir, args.log_max_bytes)
+        die_with_parent(args.parent_pid)
+        _write_atomically(workdir / "server.pid", f"{os.getpid()} {process_start_time(os.getpid())}\n")
+        _serve(args, workdir, token)
+    except KeyboardInterrupt:
+        stopping = True
+    finally:
+        if stopping or os.getppid() != args.parent_pid:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def process_start_time(pid: int) -> str:
+    """The kernel's start time of ``pid`` (``/proc/<pid>/stat`` field 22), ``"-"`` where unknown.
+
+    A pid plus its start time names one process even after the pid is reused.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "-"
+
+
+def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
+    os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+    import uvicorn
+
+    root = Path(args.root)
+    if args.app:
+        app = _load_app(root, args.app)
+    else:
+        env_classes = [_load_class(root, args.module_file, c) for c in args.classes.split(",")]
+        app = _server_class(env_classes[0])(env_classes).app
+    hide_docs(app)
+    served = RequireToken(app, token) if args.listen == "tcp" else app
+
+    sock, address = _bind(args.listen, workdir)
+    _write_atomically(workdir / "address", address)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, timeout_keep_alive=60, access_log=False,
-        log_level="warning", backlog=4096,
+        served, timeout_keep_alive=60, access_log=False, log_level="warning", backlog=4096,
+        timeout_graceful_shutdown=2,
     )
     uvicorn.Server(config).run(sockets=[sock])
 

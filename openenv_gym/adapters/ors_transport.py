@@ -1,0 +1,439 @@
+"""HTTP and SSE to one ORS server, behind one error boundary.
+
+The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches httpx: it asks an
+:class:`ORSTransport` to send a request, fetch and decode an answer, or run a tool call (an SSE
+stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
+encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
+
+Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first
+(as httpx's own ``map_httpcore_exceptions`` does for httpcore)::
+
+    _Retry503 (503 until retries ran out) -> BackendUnavailable
+    msgspec.DecodeError                   -> ServerError          an unreadable answer
+    httpx.TimeoutException                -> BackendTimeout       names the limit that fired:
+        ConnectTimeout                        connect_timeout
+        ReadTimeout, WriteTimeout, PoolTimeout read_timeout
+    httpx.TransportError                  -> BackendUnavailable   says if a local server exited
+    httpx.DecodingError                   -> ServerError          a body httpx cannot decode
+    httpx.RequestError (the rest)         -> BackendUnavailable
+    RuntimeError from a closed client     -> BackendUnavailable   "... is closed"
+
+HTTP statuses become errors in :func:`raise_for_status` (5xx ``ServerError``, ``Invalid split`` /
+``Invalid index`` ``TaskNotFound``, a lost session ``BackendUnavailable``, other 4xx
+``ConfigurationError``), and a body that cannot be JSON raises :class:`NotJSON` before anything is
+sent. Errors the code raises on purpose (all from :mod:`openenv_gym.errors`) pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+import msgspec
+
+from openenv_gym import runtime
+from openenv_gym.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    ServerError,
+    TaskNotFound,
+)
+from openenv_gym.sse import SSEDecoder
+
+__all__ = [
+    "ORSTransport",
+    "NotJSON",
+    "raise_for_status",
+    "make_client",
+    "Block",
+    "ToolOutput",
+    "RunToolResult",
+    "ToolSpecWire",
+    "TerminalTool",
+    "ListTools",
+    "SplitWire",
+    "MessageWire",
+    "NumTasks",
+    "TaskWire",
+]
+
+T = TypeVar("T")
+
+
+# -- wire shapes of the ORS server (only what we read) ---------------------------------------------
+class Block(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+    data: str | None = None
+    mimeType: str | None = None
+
+
+class ToolOutput(msgspec.Struct):
+    blocks: list[Block] = []
+    metadata: Any = None
+    reward: float | None = None
+    finished: bool = False
+
+
+class RunToolResult(msgspec.Struct):
+    ok: bool
+    output: ToolOutput | None = None
+    error: str | None = None
+    reason: str | None = None
+
+
+class ToolSpecWire(msgspec.Struct):
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+
+
+class TerminalTool(msgspec.Struct):
+    name: str
+    arg: str | None = None
+    description: str = ""
+
+
+class ListTools(msgspec.Struct):
+    tools: list[ToolSpecWire] = []
+    terminal_tool: TerminalTool | None = None
+
+
+class SplitWire(msgspec.Struct):
+    name: str
+    type: str = "validation"
+
+
+class MessageWire(msgspec.Struct):
+    role: str
+    blocks: list[Block] = []
+
+
+class NumTasks(msgspec.Struct):
+    num_tasks: int
+
+
+class TaskWire(msgspec.Struct):
+    task: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=None)
+def _decoder(type_: Any) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(type_)
+
+
+_decode_result = _decoder(RunToolResult).decode
+_encoder = msgspec.json.Encoder()
+
+
+class NotJSON(ConfigurationError):
+    """A request body (tool arguments, a task spec, secrets) that cannot be encoded as JSON."""
+
+
+def encode(body: Any, what: str) -> bytes:
+    """``body`` as JSON bytes; :class:`NotJSON` (never a bare TypeError/ValueError) if it cannot be."""
+    try:
+        return _encoder.encode(body)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        # ValueError covers UnicodeEncodeError (lone surrogates) and integers too long to print.
+        raise NotJSON(f"{what} cannot be sent as JSON ({type(exc).__name__}: {exc})") from None
+
+
+# -- HTTP statuses ----------------------------------------------------------------------------------
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        detail = response.text
+    return detail if isinstance(detail, str) else json.dumps(detail)
+
+
+class _Retry503(BackendError):
+    """A 503 (openreward's "still starting"), with the server's ``Retry-After`` if it sent one."""
+
+    def __init__(self, message: str, after: float | None):
+        super().__init__(message)
+        self.after = after
+
+
+def raise_for_status(response: httpx.Response, what: str) -> None:
+    """Raise the typed error an HTTP error status means; return for 1xx-3xx."""
+    code = response.status_code
+    if code < 400:
+        return
+    detail = _detail(response)
+    message = f"{what}: HTTP {code}: {detail}"
+    if code == 503:
+        after = response.headers.get("retry-after")
+        raise _Retry503(message, float(after) if after and after.replace(".", "", 1).isdigit() else None)
+    if code >= 500:
+        raise ServerError(message)
+    if "Invalid split" in detail or "Invalid index" in detail:
+        raise TaskNotFound(message)
+    if code == 404 and "Active environment not found" in detail:
+        raise BackendUnavailable(f"{message} (the server no longer has this session)")
+    raise ConfigurationError(message)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, _Retry503))
+
+
+def _refused(exc: BaseException) -> bool:
+    # For requests that must not run twice: only a refused connection or a 503 proves they did not.
+    return isinstance(exc, (httpx.ConnectError, _Retry503))
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    return exc.after if isinstance(exc, _Retry503) else None
+
+
+# -- clients ----------------------------------------------------------------------------------------
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Built once per process: each httpx client would otherwise build its own (~10 ms), which
+    # dominates starting a vector env of 1,024 sub-envs over 128 clients.
+    return ssl.create_default_context()
+
+
+def make_client(
+    url: str,
+    *,
+    timeout: httpx.Timeout | float,
+    headers: dict[str, str] | None = None,
+    limits: httpx.Limits | None = None,
+    local: bool = False,
+) -> httpx.AsyncClient:
+    """An httpx client for ``url``: ``http(s)://host[:port]`` or ``unix:<socket path>``.
+
+    ``local`` (a server this process launched) turns off proxies from the environment.
+    """
+    limits = limits or httpx.Limits()
+    if url.startswith("unix:"):
+        path = url[len("unix:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        transport = httpx.AsyncHTTPTransport(uds=path, limits=limits)
+        return httpx.AsyncClient(base_url="http://ors", transport=transport, timeout=timeout, headers=headers)
+    return httpx.AsyncClient(base_url=url, verify=_ssl_context(), timeout=timeout, headers=headers,
+                             limits=limits, trust_env=not local)
+
+
+# -- the transport ----------------------------------------------------------------------------------
+_JSON = {"Content-Type": "application/json"}
+_SSE = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+
+
+class ORSTransport:
+    """Requests and tool-call streams to one ORS server, every failure a typed error.
+
+    Args:
+        url: ``http(s)://...`` or ``unix:<socket path>``.
+        timeouts: httpx timeouts (connect; read, also used for write and pool).
+        headers: sent with every request (API keys, a local server's token): never in messages.
+        local: the server is one this process launched (no proxies).
+        exit_note: for a local server, a coroutine saying how its process exited (or ``""``),
+            appended to "cannot be reached" messages.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeouts: httpx.Timeout,
+        headers: dict[str, str] | None = None,
+        local: bool = False,
+        exit_note: Callable[[], Awaitable[str]] | None = None,
+        max_connections: int = 16,
+    ):
+        self.url = url
+        self.timeouts = timeouts
+        self.closed = False
+        self._exit_note = exit_note
+        self._client = make_client(
+            url, timeout=timeouts, headers=headers, local=local,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._client.aclose()
+
+    # -- the one error boundary --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def errors(self, what: str) -> AsyncIterator[None]:
+        """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
+        try:
+            yield
+        except _Retry503 as exc:
+            raise BackendUnavailable(str(exc)) from None
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 is not a DecodeError
+            raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
+        except httpx.TimeoutException as exc:
+            raise BackendTimeout(f"{what}: {self._timeout_text(exc)}") from None
+        except httpx.TransportError as exc:
+            raise await self._unreachable(exc) from None
+        except httpx.DecodingError as exc:
+            raise ServerError(f"{what}: the server sent an undecodable body ({exc})") from None
+        except httpx.RequestError as exc:
+            raise await self._unreachable(exc) from None
+        except RuntimeError as exc:
+            if self.closed and not isinstance(exc, RecursionError):
+                raise BackendUnavailable(self._closed_text()) from None
+            raise
+
+    def _timeout_text(self, exc: httpx.TimeoutException) -> str:
+        t = self.timeouts
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"could not connect within connect_timeout={t.connect} s (ConnectTimeout)"
+        if isinstance(exc, httpx.WriteTimeout):
+            return f"could not send the request within read_timeout={t.write} s (WriteTimeout)"
+        if isinstance(exc, httpx.PoolTimeout):
+            return f"no free connection within read_timeout={t.pool} s (PoolTimeout)"
+        return f"no response within read_timeout={t.read} s ({type(exc).__name__})"
+
+    async def _unreachable(self, exc: BaseException) -> BackendUnavailable:
+        if self.closed:
+            return BackendUnavailable(self._closed_text())
+        message = f"the ORS server at {self.url} cannot be reached ({type(exc).__name__}: {exc})"
+        if self._exit_note is not None:
+            message += await self._exit_note()
+        return BackendUnavailable(message)
+
+    def _closed_text(self) -> str:
+        return f"the connection to the ORS server at {self.url} is closed"
+
+    # -- requests ----------------------------------------------------------------------------------
+    async def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str] | None,
+                    check: bool, timeout: float | None) -> httpx.Response:
+        if self.closed:
+            raise BackendUnavailable(self._closed_text())
+        response = await self._client.request(
+            method, path, content=content, headers=headers,
+            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        if check:
+            raise_for_status(response, f"{method} {path}")
+        return response
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        sid: str | None = None,
+        headers: dict[str, str] | None = None,
+        check: bool = True,
+        idempotent: bool = True,
+        decode: Any = None,
+    ) -> Any:
+        """Send a request (JSON ``body``, ``X-Session-ID: sid``), retrying only transient failures.
+
+        Returns the response, or with ``decode=<type>`` its body decoded as that type. A request
+        that is not ``idempotent`` is retried only where it provably did not reach the server.
+        """
+        what = f"{method} {path}"
+        content = encode(body, f"the body of {what}") if body is not None else None
+        all_headers = dict(_JSON) if content is not None else {}
+        if sid:
+            all_headers["X-Session-ID"] = sid
+        if headers:
+            all_headers.update(headers)
+
+        async def once() -> httpx.Response:
+            return await self._send(method, path, content, all_headers or None, check, None)
+
+        async with self.errors(what):
+            response = await runtime.retry(
+                once, retry_if=_transient if idempotent else _refused, attempts=5, deadline=30.0,
+                delay_for=_retry_after,
+            )
+            return response if decode is None else _decoder(decode).decode(response.content)
+
+    async def delete_session(self, sid: str, timeout: float) -> None:
+        """``POST /delete``, best effort: a server that is gone or slow reaps the session itself."""
+        try:
+            await self._send("POST", "/delete", None, {"X-Session-ID": sid}, False, timeout)
+        except (httpx.HTTPError, BackendError, RuntimeError):
+            pass  # the server's reaper ends the session after 900 s idle
+
+    async def call_tool(
+        self, path: str, sid: str, name: str, arguments: dict[str, Any] | None, *, resume_attempts: int
+    ) -> RunToolResult | str:
+        """Run a tool; returns the server's result, or the text of an SSE ``error`` event.
+
+        A stream that drops after the server announced the call's ``task_id`` is resumed with
+        that id (the server replays the result without running the tool again). Raises
+        :class:`NotJSON` before sending anything if ``arguments`` cannot be JSON.
+        """
+        headers = {"X-Session-ID": sid, **_SSE}
+        task_id: str | None = None
+        outcome: RunToolResult | str | None = None
+        backoff = runtime.Backoff(base=0.2, cap=2.0)
+        last_exc: BaseException | None = None
+        body: dict[str, Any] = {"name": name, "input": arguments or {}}
+        content = encode(body, f"the arguments of tool {name!r}")
+        async with self.errors(f"tool {name!r}"):
+            for attempt in range(resume_attempts + 1):
+                if task_id is not None:
+                    body["task_id"] = task_id
+                    content = _encoder.encode(body)  # encodable: the same body was, plus a str
+                try:
+                    if self.closed:
+                        raise BackendUnavailable(self._closed_text())
+                    async with self._client.stream("POST", path, content=content, headers=headers) as response:
+                        if response.status_code != 200:
+                            await response.aread()
+                            raise_for_status(response, f"POST {path}")
+                        decoder = SSEDecoder()
+                        parts: list[str] = []
+                        # Read to the end of the stream even after the result: a response closed
+                        # early makes httpcore drop the connection, and a new one per call costs
+                        # more than the whole rest of the step.
+                        async for text in response.aiter_text():
+                            for event in decoder.feed(text):
+                                if event.event == "task_id":
+                                    task_id = event.data
+                                elif event.event == "chunk":
+                                    parts.append(event.data)
+                                elif event.event == "end" and outcome is None:
+                                    parts.append(event.data)
+                                    outcome = _decode_result("".join(parts))
+                                elif event.event == "error" and outcome is None:
+                                    if "task_id" in body and event.data == "unknown task_id":
+                                        raise BackendError(
+                                            f"tool {name!r}: the stream dropped and the server no longer "
+                                            "has the call's result (kept 60 s); it may or may not have run"
+                                        )
+                                    outcome = event.data
+                        for event in decoder.close():
+                            if event.event == "end" and outcome is None:
+                                parts.append(event.data)
+                                outcome = _decode_result("".join(parts))
+                        if outcome is not None:
+                            return outcome
+                        raise httpx.RemoteProtocolError("the tool-call stream ended before its result")
+                except _Retry503 as exc:
+                    last_exc = exc
+                    await asyncio.sleep(exc.after if exc.after is not None else backoff.delay(attempt))
+                except httpx.TimeoutException:
+                    raise
+                except httpx.TransportError as exc:
+                    if outcome is not None:  # the result arrived; only the stream's tail was lost
+                        return outcome
+                    # Before the server announced a task_id the tool may not have started; only a
+                    # refused connection proves that, so anything else is not retried blindly.
+                    if task_id is None and not isinstance(exc, httpx.ConnectError):
+                        raise
+                    last_exc = exc
+                    await asyncio.sleep(backoff.delay(attempt))
+            raise last_exc or httpx.RemoteProtocolError("no attempt made")
