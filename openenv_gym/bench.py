@@ -20,10 +20,11 @@ from typing import Any
 import gymnasium as gym
 import msgspec
 
+from openenv_gym.errors import ConfigurationError
 from openenv_gym.policies import RandomPolicy
 from openenv_gym.vector.base import info_at
 
-__all__ = ["BenchRow", "bench", "BACKENDS", "table", "plot"]
+__all__ = ["BenchRow", "bench", "BACKENDS", "table", "plot", "require_plotting"]
 
 BACKENDS = ("concurrent", "ray", "sync", "async")
 
@@ -152,8 +153,20 @@ def table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def require_plotting() -> None:
+    """Raise :class:`ConfigurationError` saying what to install if :func:`plot` cannot run.
+
+    Called before a benchmark starts, so a missing extra costs no run.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigurationError("plotting needs matplotlib: pip install 'openenv-gym[bench]'") from None
+
+
 def plot(rows: list[BenchRow], path: str | Path, title: str = "") -> None:
     """Write a PNG: env-steps/sec against num_envs, one line per backend (needs matplotlib)."""
+    require_plotting()
     import matplotlib
 
     matplotlib.use("Agg")

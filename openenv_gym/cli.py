@@ -1,15 +1,16 @@
 """The ``openenv-gym`` command: import sources, list and inspect ids, collect rollouts.
 
-    openenv-gym import SOURCE --name NAME [--kind ors|fleet] [--env-class CLS]
+    openenv-gym import SOURCE --name NAME [--kind ors|fleet|verifiers] [--env-class CLS]
     openenv-gym list
     openenv-gym info ID
-    openenv-gym remove NAME
+    openenv-gym remove NAME | --invalid
     openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray]
                         [--policy random|openai --base-url URL --model M] [--out traj.jsonl]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
 
-Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name)
-print one clear line and exit with status 2; nothing is half-written to the catalog.
+Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
+unknown id, a missing extra) print one clear line and exit with status 2, before anything runs;
+nothing is half-written to the catalog. Ctrl-C prints ``interrupted`` and exits with 130.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -38,13 +43,25 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(kwargs: dict[str, Any]) -> str:
+    """What ``list`` says an id plays: its source, server or task set, else what it needs."""
+    from openenv_gym.registration import NEEDS
+
+    for key in ("source", "url", "tasks", "env_id", "env_key"):
+        value = kwargs.get(key)
+        if isinstance(value, str) and value:
+            return value if key in ("source", "url", "tasks") else f"{key}={value}"
+    needs = NEEDS.get(kwargs.get("adapter", ""))
+    if needs:
+        return f"(gym.make needs {needs})"
+    return "(see `openenv-gym info ID` for its kwargs)"
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from openenv_gym.registration import env_info, list_environments
 
     for id in list_environments():
-        kwargs = env_info(id)["kwargs"]
-        where = kwargs.get("source") or kwargs.get("url") or "(kwargs: url= or source=)"
-        print(f"{id:<32} {where}")
+        print(f"{id:<32} {_where(env_info(id)['kwargs'])}")
     return 0
 
 
@@ -56,16 +73,27 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_remove(args: argparse.Namespace) -> int:
-    from openenv_gym.importers.catalog import remove_entry
+    from openenv_gym.importers.catalog import describe_invalid, remove_entry, remove_invalid
 
+    if args.invalid == (args.name is not None):
+        raise ConfigurationError("give a NAME or --invalid (every entry that cannot be registered)")
+    if args.invalid:
+        from openenv_gym.registration import ADAPTERS
+
+        removed = remove_invalid(kinds=ADAPTERS)  # the entries `import openenv_gym` skips
+        print(f"removed {len(removed)} invalid entries: {describe_invalid(removed)}" if removed
+              else "no invalid entries")
+        return 0
     entry = remove_entry(args.name)
-    print(f"removed {entry.name} ({entry.source})")
+    print(f"removed {args.name!r}" + (f" ({entry.source})" if entry is not None else " (an invalid entry)"))
     return 0
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    from openenv_gym.registration import check_id
     from openenv_gym.rollout import collect
 
+    check_id(args.id)
     policy: object = "random"
     if args.policy == "openai":
         from openenv_gym.policies import OpenAIPolicy
@@ -85,11 +113,29 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from openenv_gym.bench import bench, plot, table
+def _comma_list(text: str, what: str, convert: Any = str) -> list[Any]:
+    try:
+        items = [convert(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        items = []
+    if not items:
+        raise ConfigurationError(f"{what} must be a comma-separated list, e.g. 1,8,64; got {text!r}")
+    return items
 
-    sizes = [int(x) for x in args.num_envs.split(",")]
-    backends = [b.strip() for b in args.backend.split(",")]
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from openenv_gym.bench import BACKENDS, bench, plot, require_plotting, table
+    from openenv_gym.registration import check_id
+
+    # Everything that can fail is checked before the (long) run, not after it.
+    check_id(args.id)
+    sizes = _comma_list(args.num_envs, "--num-envs", int)
+    backends = _comma_list(args.backend, "--backend")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ConfigurationError(f"unknown backend {', '.join(map(repr, unknown))}; use {','.join(BACKENDS)}")
+    if args.plot:
+        require_plotting()
     rows = bench(args.id, sizes, backends, rounds=args.rounds, seed=args.seed)
     print(table(rows))
     if args.json:
@@ -101,64 +147,90 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="openenv-gym", description="Any LLM-agent environment as a Gymnasium env.")
-    sub = parser.add_subparsers(dest="command", required=True)
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` where there is a default to show (not for flags or an unset ``None``)."""
 
-    p = sub.add_parser("import", help="detect a source statically and add it to your catalog")
-    p.add_argument("source", help="a file or folder")
-    p.add_argument("--name", required=True, help="registers openenv/NAME-v0")
-    p.add_argument("--kind", default=None, help="the source's kind (default: detected): ors or fleet")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def _kinds() -> str:
+    from openenv_gym.importers import DETECTORS  # the one place the importable kinds are listed
+
+    return ", ".join(DETECTORS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openenv-gym", description="Any LLM-agent environment as a Gymnasium env.",
+                                     formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+
+    env_help = "an environment id, e.g. openenv/Arithmetic-v0 (see `openenv-gym list`)"
+
+    p = command("import", "detect a source statically and add it to your catalog")
+    p.add_argument("source", help="a file or folder holding the environment")
+    p.add_argument("--name", required=True, help="registers openenv/NAME-v0 (ASCII letters, digits, _ - .)")
+    p.add_argument("--kind", default=None, help=f"the source's kind, one of: {_kinds()} (detected if omitted)")
     p.add_argument("--env-class", default=None, help="the Environment class, when the source has several")
     p.set_defaults(fn=_cmd_import)
 
-    p = sub.add_parser("list", help="list the registered openenv ids")
+    p = command("list", "list the registered openenv ids and what each plays")
     p.set_defaults(fn=_cmd_list)
 
-    p = sub.add_parser("info", help="show what an id is")
-    p.add_argument("id")
+    p = command("info", "show what an id is: its entry point and kwargs (secrets hidden)")
+    p.add_argument("id", help=env_help)
     p.set_defaults(fn=_cmd_info)
 
-    p = sub.add_parser("remove", help="remove an imported source from your catalog")
-    p.add_argument("name")
+    p = command("remove", "remove an imported source from your catalog (a broken entry too)")
+    p.add_argument("name", nargs="?", default=None, help="the NAME given to `openenv-gym import`")
+    p.add_argument("--invalid", action="store_true", help="remove every entry that cannot be registered")
     p.set_defaults(fn=_cmd_remove)
 
-    p = sub.add_parser("rollout", help="collect episodes with a policy over a vector env")
-    p.add_argument("id")
-    p.add_argument("--episodes", type=int, default=100)
+    p = command("rollout", "collect episodes with a policy over a vector env")
+    p.add_argument("id", help=env_help)
+    p.add_argument("--episodes", type=int, default=100, help="episodes to collect")
     p.add_argument("--num-envs", type=int, default=8, help="sub-envs stepped at once")
-    p.add_argument("--backend", choices=("concurrent", "ray"), default="concurrent")
+    p.add_argument("--backend", choices=("concurrent", "ray"), default="concurrent", help="vector env backend")
     p.add_argument("--batch-size", type=int, default=None, help="first-ready batch size (default: num_envs/4)")
-    p.add_argument("--policy", choices=("random", "openai"), default="random")
+    p.add_argument("--policy", choices=("random", "openai"), default="random",
+                   help="random tool calls, or a model behind an OpenAI-compatible server")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write episodes as JSONL")
+    p.add_argument("--model", default=None, help="model name for --policy openai")
+    p.add_argument("--seed", type=int, default=0, help="seed of task choice and the random policy")
+    p.add_argument("--out", default=None, help="write episodes as JSONL to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=_cmd_rollout)
 
-    p = sub.add_parser("bench", help="env-steps/sec over num_envs x backends, Gymnasium's vectorizers included")
-    p.add_argument("id")
+    p = command("bench", "env-steps/sec over num_envs x backends, Gymnasium's vectorizers included")
+    p.add_argument("id", help=env_help)
     p.add_argument("--num-envs", default="1,8,64", help="comma-separated sub-env counts")
     p.add_argument("--backend", default="concurrent,sync,async", help="comma-separated: concurrent,ray,sync,async")
     p.add_argument("--rounds", type=int, default=20, help="lockstep steps per configuration")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the rows as JSON")
-    p.add_argument("--plot", default=None, help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0, help="seed of resets and the random policy")
+    p.add_argument("--json", default=None, help="write the rows as JSON to this file")
+    p.add_argument("--plot", default=None, help="write a PNG plot to this file (needs matplotlib)")
     p.set_defaults(fn=_cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    if args.command in ("list", "info", "rollout", "bench"):
-        import openenv_gym  # noqa: F401  (registers the ids these commands look up)
     try:
+        args = build_parser().parse_args(argv)
+        if args.command in ("list", "info", "rollout", "bench"):
+            import openenv_gym  # noqa: F401  (registers the ids these commands look up)
         return args.fn(args)
     except OpenEnvGymError as exc:
         print(f"openenv-gym: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("openenv-gym: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

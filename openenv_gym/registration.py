@@ -1,15 +1,28 @@
-"""Gymnasium registration of every environment openenv_gym knows.
+"""Gymnasium registration of every environment openenv_gym knows, and the one entry point that builds them.
 
-Gymnasium 1.x loads no plugins, so ``import openenv_gym`` registers everything here, from three
+Gymnasium 1.x loads no plugins, so ``import openenv_gym`` registers everything here, from four
 places:
 
 1. built-ins: ``openenv/ORS-v0`` (any ORS server or source, by kwargs), ``openenv/Fleet-v0`` (any
-   Fleet environment or task set, by kwargs) and the bundled examples;
-2. installed Verifiers environment packages (distributions that depend on ``verifiers``);
+   Fleet environment or task set, by kwargs), ``openenv/Verifiers-v0`` and the bundled examples;
+2. installed Verifiers environment packages (distributions that depend on ``verifiers``) and
+   installed OpenEnv environment packages (``openenv/<name>-v0``, read from metadata and manifests);
 3. installed packages exposing the entry-point group ``openenv_gym.envs``: each entry point is a
-   callable returning an iterable of dicts with ``id``, ``entry_point`` and optional ``kwargs``;
+   callable returning an iterable of dicts with ``id``, ``adapter`` (``"module:Class"``) and
+   optional ``kwargs`` (or, for any other env, ``entry_point`` instead of ``adapter``);
 4. the user's catalog of imported sources (``openenv-gym import``), last, so that a name the user
-   chose wins over a discovered one.
+   chose wins over a discovered one. A bad catalog entry is skipped with one warning naming every
+   bad entry; the rest register.
+
+**One entry point.** Every id is built by :func:`make_env` (``gym.make``) and :func:`make_vec`
+(``gym.make_vec``) from the ``adapter`` its spec's kwargs name: an
+:class:`~openenv_gym.adapters.base.Adapter` class, or a front door returning the
+:class:`~openenv_gym.adapters.base.AdapterSpec` to build (Verifiers picks its generation so).
+Adapters know nothing of envs or vector envs. Both entry points check every kwarg name against
+the adapter's constructor and the env's own keys *before* anything is built, and refuse unknown
+ones with :class:`~openenv_gym.errors.ConfigurationError` (a ``ValueError``) naming them, never
+their values: a ``TypeError`` from an entry point is re-raised by Gymnasium with every kwarg
+printed, secrets included.
 
 Every id lives in the ``openenv`` namespace, is registered ``nondeterministic=True`` (a remote
 backend may answer differently for the same seed) and with ``order_enforce=False``: AgentEnv
@@ -18,31 +31,63 @@ enforces reset-before-step itself with :mod:`openenv_gym.errors` exceptions.
 
 from __future__ import annotations
 
+import difflib
+import re
 import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import get_env_id
 
+from openenv_gym.adapters.base import AdapterSpec, accepted_kwargs, check_kwargs
 from openenv_gym.errors import CatalogError, ConfigurationError
+from openenv_gym.redact import RedactedEnvSpec, redact_kwargs
 
-__all__ = ["NAMESPACE", "register_all", "list_environments", "env_info", "env_id"]
+if TYPE_CHECKING:
+    from openenv_gym.env import AgentEnv
+    from openenv_gym.vector import AgentVectorEnv
+
+__all__ = [
+    "NAMESPACE", "ADAPTERS", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS",
+    "make_env", "make_vec", "register_all", "list_environments", "env_info", "env_id", "check_id",
+]
 
 NAMESPACE = "openenv"
 ENTRY_POINT_GROUP = "openenv_gym.envs"
 _EXAMPLES = Path(__file__).parent / "examples"
 
-# kind of a catalog entry -> the Gymnasium entry point that builds it
-ENTRY_POINTS: dict[str, str] = {
-    "ors": "openenv_gym.adapters.ors:make_env",
-    "fleet": "openenv_gym.adapters.fleet:make_env",
-    "verifiers": "openenv_gym.adapters.verifiers:make_env",
+ENTRY_POINT = "openenv_gym.registration:make_env"
+VECTOR_ENTRY_POINT = "openenv_gym.registration:make_vec"
+
+ADAPTERS: dict[str, str] = {
+    "ors": "openenv_gym.adapters.ors:ORSAdapter",
+    "fleet": "openenv_gym.adapters.fleet:FleetAdapter",
+    "verifiers": "openenv_gym.adapters.verifiers:adapter_spec",
+    "openenv": "openenv_gym.adapters.openenv:OpenEnvAdapter",
 }
-VECTOR_ENTRY_POINTS: dict[str, str] = {
-    "ors": "openenv_gym.adapters.ors:make_vec",
-    "fleet": "openenv_gym.adapters.fleet:make_vec",
-    "verifiers": "openenv_gym.adapters.verifiers:make_vec",
+"""Kind of a catalog entry -> the adapter that plays it (``"module:Class"`` or a front door)."""
+
+NEEDS: dict[str, str] = {
+    ADAPTERS["ors"]: "url= (a running ORS server) or source= (a file or folder)",
+    ADAPTERS["fleet"]: "env_key=, task= or tasks= (a task file), and api_key= or $FLEET_API_KEY",
+    ADAPTERS["verifiers"]: "env_id= (an installed environment) or source= (a file or folder)",
+    ADAPTERS["openenv"]: "url= (a running OpenEnv server) or source= (an env folder or installed env package)",
+}
+"""What an id of each adapter needs from ``gym.make`` when its spec holds no source (for ``list``)."""
+
+ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
+"""Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
+
+VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps")
+"""Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
+
+# Entry points of earlier releases, which plugins may still name: the adapter each one built.
+_LEGACY_ENTRY_POINTS = {
+    "openenv_gym.adapters.ors:make_env": ADAPTERS["ors"],
+    "openenv_gym.adapters.fleet:make_env": ADAPTERS["fleet"],
+    "openenv_gym.adapters.verifiers:make_env": ADAPTERS["verifiers"],
 }
 
 
@@ -51,51 +96,161 @@ def env_id(name: str) -> str:
     return f"{NAMESPACE}/{name}-v0"
 
 
-def _register(id: str, entry_point: str, kwargs: dict[str, Any], **extra: Any) -> None:
-    kind = next((k for k, v in ENTRY_POINTS.items() if v == entry_point), None)
-    if kind in VECTOR_ENTRY_POINTS and "vector_entry_point" not in extra:
-        extra["vector_entry_point"] = VECTOR_ENTRY_POINTS[kind]
-    if id in gym.registry:
-        del gym.registry[id]  # re-registration (a re-import of the catalog) should not warn
-    gym.register(
-        id=id,
-        entry_point=entry_point,
-        kwargs=kwargs,
-        nondeterministic=True,
-        order_enforce=False,
-        **extra,
-    )
+# -- the entry points ----------------------------------------------------------------------------
+
+def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
+                            also: tuple[str, ...] = ()) -> tuple[AdapterSpec, dict[str, Any]]:
+    """Split ``gym.make`` kwargs into the adapter's spec and the env's kwargs; refuse unknown names.
+
+    Nothing is built or started: a front door only picks the class. An env key the adapter's
+    constructor names itself goes to the adapter (Verifiers' ``max_turns`` is the library's own
+    turn limit, so a cut-off episode is still scored).
+    """
+    if not adapter:
+        raise ConfigurationError(
+            "this id names no adapter: register it with kwargs={'adapter': 'module:Class', ...}")
+    env_kwargs = {k: kwargs.pop(k) for k in ENV_KWARGS if k in kwargs}
+    spec = AdapterSpec(adapter, kwargs).resolve()
+    accepted = accepted_kwargs(spec.target())
+    if accepted is not None:
+        for key in [k for k in env_kwargs if k in accepted]:
+            spec.kwargs[key] = env_kwargs.pop(key)
+    spec.check(also=(*ENV_KWARGS, *also))
+    return spec, env_kwargs
+
+
+def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
+    """Gymnasium entry point of every openenv id: an :class:`~openenv_gym.env.AgentEnv` over ``adapter``.
+
+    ``kwargs`` are the adapter's constructor kwargs plus the env's :data:`ENV_KWARGS` (``split``,
+    ``max_turns``, ``render_mode``, ``step_timeout``). An unknown name is a
+    :class:`~openenv_gym.errors.ConfigurationError` naming it, with close matches, before
+    anything is built.
+    """
+    spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs)
+    from openenv_gym.env import AgentEnv
+
+    try:
+        return AgentEnv(spec.build(), **env_kwargs)
+    except TypeError as exc:
+        # Gymnasium would re-raise a TypeError with every kwarg in its message, secrets included.
+        raise ConfigurationError(f"the environment could not be built: TypeError: {exc}") from exc
+
+
+def make_vec(
+    num_envs: int = 1,
+    *,
+    adapter: str | None = None,
+    backend: str = "concurrent",
+    vector_options: dict[str, Any] | None = None,
+    autoreset_mode: Any = None,
+    max_episode_steps: int | None = None,
+    **kwargs: Any,
+) -> AgentVectorEnv:
+    """Gymnasium vector entry point of every openenv id: ``gym.make_vec(id, num_envs, backend=...)``.
+
+    ``kwargs`` are :func:`make_env`'s; ``split`` and ``max_turns`` apply to each sub-env,
+    ``max_episode_steps`` caps ``max_turns``; ``vector_options`` go to the backend's class
+    (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
+    ``render_mode`` is accepted for Gymnasium's sake; vector envs do not render. Every name is
+    checked before a server, client or actor starts.
+    """
+    from openenv_gym import vector
+
+    if backend not in vector.BACKENDS:
+        close = difflib.get_close_matches(str(backend), vector.BACKENDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigurationError(f"unknown vector backend {backend!r}{hint}; use one of {', '.join(vector.BACKENDS)}")
+    spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs, also=VECTOR_KWARGS)
+    env_kwargs.pop("render_mode", None)
+    if max_episode_steps is not None:
+        turns = env_kwargs.get("max_turns")
+        env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
+    options = dict(vector_options or {})
+    cls = vector.ConcurrentVectorEnv if backend == "concurrent" else vector.RayVectorEnv
+    takes = accepted_kwargs(cls)
+    if takes is not None:
+        own = {"num_envs", "adapter", "split", "max_turns", "step_timeout"}  # set by make_vec itself
+        check_kwargs(options, takes - own, f"vector_options of the {backend!r} backend")
+    if autoreset_mode is not None:
+        options["autoreset_mode"] = autoreset_mode
+    try:
+        return vector.make(num_envs, spec, backend=backend, **env_kwargs, **options)
+    except TypeError as exc:  # as in make_env: never let a TypeError reach a formatter of kwargs
+        raise ConfigurationError(f"the vector environment could not be built: TypeError: {exc}") from exc
+
+
+# -- registration ----------------------------------------------------------------------------------
+
+def _register(id: str, kwargs: dict[str, Any], *, entry_point: Any = ENTRY_POINT, **extra: Any) -> None:
+    """Put one spec into Gymnasium's registry, replacing an earlier one of the same id.
+
+    ``gym.register`` scans the whole registry for a version conflict on every call, which made
+    loading a catalog quadratic (8,000 entries took 5.5 s). A versioned id, which all of ours
+    are, conflicts only with an unversioned spec of the same name: one dict lookup.
+    """
+    if entry_point == ENTRY_POINT:
+        extra.setdefault("vector_entry_point", VECTOR_ENTRY_POINT)
+    spec = RedactedEnvSpec(id=id, entry_point=entry_point, kwargs=kwargs, nondeterministic=True,
+                           order_enforce=False, **extra)
+    if spec.version is None:  # a plugin's unversioned id: Gymnasium's own (scanning) checks
+        gym.registry.pop(spec.id, None)
+        gym.register(id=id, entry_point=entry_point, kwargs=kwargs, nondeterministic=True,
+                     order_enforce=False, **extra)
+        return
+    unversioned = get_env_id(spec.namespace, spec.name, None)
+    if unversioned in gym.registry:
+        raise gym.error.RegistrationError(
+            f"cannot register {spec.id}: the unversioned environment {unversioned} already exists")
+    gym.registry[spec.id] = spec  # replacing (a re-import of the catalog) should not warn
 
 
 def register_builtins() -> None:
-    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0``, ``openenv/Verifiers-v0`` and the examples."""
-    _register(env_id("ORS"), ENTRY_POINTS["ors"], {})
-    _register(env_id("Fleet"), ENTRY_POINTS["fleet"], {})
-    _register(env_id("Verifiers"), ENTRY_POINTS["verifiers"], {})
-    _register(
-        env_id("Arithmetic"),
-        ENTRY_POINTS["ors"],
-        {"source": str(_EXAMPLES / "arithmetic.py"), "env_class": "Arithmetic", "max_turns": 8},
-    )
+    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0``, ``openenv/Verifiers-v0``, ``openenv/OpenEnv-v0`` and the examples."""
+    _register(env_id("ORS"), {"adapter": ADAPTERS["ors"]})
+    _register(env_id("Fleet"), {"adapter": ADAPTERS["fleet"]})
+    _register(env_id("Verifiers"), {"adapter": ADAPTERS["verifiers"]})
+    _register(env_id("OpenEnv"), {"adapter": ADAPTERS["openenv"]})
+    _register(env_id("Arithmetic"), {
+        "adapter": ADAPTERS["ors"], "source": str(_EXAMPLES / "arithmetic.py"), "env_class": "Arithmetic",
+        "max_turns": 8,
+    })
 
 
 def register_catalog() -> list[str]:
-    """Register every entry of the user catalog; returns the ids. A broken catalog only warns."""
-    from openenv_gym.importers.catalog import load_catalog
+    """Register every good entry of the user catalog; returns the ids.
+
+    Bad entries (see :func:`~openenv_gym.importers.catalog.read_catalog`; a kind is bad unless
+    :data:`ADAPTERS` has it) are skipped with one warning naming them all; an unreadable file
+    only warns.
+    """
+    from openenv_gym.importers.catalog import REMOVE_HINT, catalog_path, describe_invalid, read_catalog
 
     try:
-        entries = load_catalog()
+        contents = read_catalog(kinds=ADAPTERS)
     except CatalogError as exc:
         warnings.warn(f"openenv_gym: the catalog was not loaded: {exc}", stacklevel=2)
         return []
+    invalid = dict(contents.invalid)
     ids = []
-    for entry in entries.values():
-        entry_point = ENTRY_POINTS.get(entry.kind)
-        if entry_point is None:
-            warnings.warn(f"openenv_gym: catalog entry {entry.name!r} has unknown kind {entry.kind!r}", stacklevel=2)
+    for entry in contents.entries.values():
+        adapter = ADAPTERS[entry.kind]
+        if "adapter" in entry.options:
+            invalid[entry.name] = "its options may not set 'adapter' (the kind chooses it)"
             continue
-        _register(env_id(entry.name), entry_point, {**_catalog_kwargs(entry), **entry.options})
+        try:
+            _register(env_id(entry.name), {**_catalog_kwargs(entry), **entry.options, "adapter": adapter})
+        except Exception as exc:  # e.g. an unversioned id of the same name registered by someone else
+            invalid[entry.name] = f"cannot be registered: {exc}"
+            continue
         ids.append(env_id(entry.name))
+    if invalid:
+        plural = "entry" if len(invalid) == 1 else "entries"
+        warnings.warn(
+            f"openenv_gym: skipped {len(invalid)} invalid catalog {plural} in {catalog_path()}: "
+            f"{describe_invalid(invalid)}; {REMOVE_HINT}",
+            stacklevel=2,
+        )
     return ids
 
 
@@ -105,6 +260,11 @@ def _catalog_kwargs(entry: Any) -> dict[str, Any]:
         return {"tasks": entry.source}
     if entry.kind == "verifiers":
         return {"source": entry.source, "generation": entry.sdk}
+    if entry.kind == "openenv":
+        from openenv_gym.importers.openenv import MANIFEST, read_manifest
+
+        manifest = read_manifest(Path(entry.source) / MANIFEST)
+        return {"source": entry.source, **({"manifest": manifest} if manifest else {})}
     kwargs = {"source": entry.source}
     for key in ("env_class", "env_name", "module_file"):
         if getattr(entry, key, None):
@@ -125,11 +285,48 @@ def register_verifiers_packages() -> list[str]:
     except Exception as exc:
         warnings.warn(f"openenv_gym: Verifiers discovery failed: {exc!r}", stacklevel=2)
         return []
-    ids = []
+    ids, failed = [], []
     for env in found:
         id = env_id(env["name"])
-        _register(id, ENTRY_POINTS["verifiers"], {"env_id": env["module"], "generation": env["generation"]})
+        try:
+            _register(id, {"adapter": ADAPTERS["verifiers"], "env_id": env["module"], "generation": env["generation"]})
+        except Exception:
+            failed.append(env["name"])
+            continue
         ids.append(id)
+    if failed:
+        warnings.warn(f"openenv_gym: Verifiers packages not registered (no valid id): {failed!r}", stacklevel=2)
+    return ids
+
+
+def register_openenv_packages() -> list[str]:
+    """Register installed OpenEnv environment packages as ``openenv/<name>-v0``.
+
+    Discovery reads distribution metadata and manifests only (cached per set of installed
+    distributions; see :mod:`openenv_gym.importers.openenv`); the package is served when made.
+    A failure only warns: it must not break the import.
+    """
+    from openenv_gym.importers.openenv import discover_installed
+
+    try:
+        found = discover_installed()
+    except Exception as exc:
+        warnings.warn(f"openenv_gym: OpenEnv discovery failed: {exc!r}", stacklevel=2)
+        return []
+    ids, failed = [], []
+    for env in found:
+        id = env_id(env["name"])
+        kwargs = {"adapter": ADAPTERS["openenv"], "source": env["module"]}
+        if env.get("manifest"):
+            kwargs["manifest"] = dict(env["manifest"])
+        try:
+            _register(id, kwargs)
+        except Exception:
+            failed.append(env["name"])
+            continue
+        ids.append(id)
+    if failed:
+        warnings.warn(f"openenv_gym: OpenEnv packages not registered (no valid id): {failed!r}", stacklevel=2)
     return ids
 
 
@@ -139,7 +336,14 @@ def register_entry_points() -> list[str]:
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             for spec in ep.load()():
-                _register(spec["id"], spec["entry_point"], dict(spec.get("kwargs", {})))
+                kwargs = dict(spec.get("kwargs", {}))
+                entry_point = spec.get("entry_point", ENTRY_POINT)
+                if "adapter" in spec:
+                    kwargs["adapter"] = spec["adapter"]
+                elif entry_point in _LEGACY_ENTRY_POINTS:
+                    kwargs.setdefault("adapter", _LEGACY_ENTRY_POINTS[entry_point])
+                    entry_point = ENTRY_POINT
+                _register(spec["id"], kwargs, entry_point=entry_point)
                 ids.append(spec["id"])
         except Exception as exc:  # one broken plugin must not break `import openenv_gym`
             warnings.warn(f"openenv_gym: entry point {ep.name!r} failed: {exc!r}", stacklevel=2)
@@ -150,22 +354,46 @@ def register_all() -> None:
     """Register built-ins, the catalog and entry points (called by ``import openenv_gym``)."""
     register_builtins()
     register_verifiers_packages()
+    register_openenv_packages()
     register_entry_points()
     register_catalog()
 
+
+# -- lookup ----------------------------------------------------------------------------------------
 
 def list_environments() -> list[str]:
     """Every registered id in the ``openenv`` namespace, sorted."""
     return sorted(i for i in gym.registry if i.startswith(f"{NAMESPACE}/"))
 
 
+def _shown(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def check_id(id: str) -> str:
+    """Return ``id`` if it is registered; else a :class:`ConfigurationError` with close matches.
+
+    ``Arithmetic`` or ``openenv/Arithmetc-v0`` suggest ``openenv/Arithmetic-v0``.
+    """
+    if id in gym.registry:
+        return id
+    ours = list_environments()
+    names: dict[str, list[str]] = {}
+    for i in ours:
+        names.setdefault(i[len(NAMESPACE) + 1:].rsplit("-v", 1)[0].lower(), []).append(i)
+    # Compare names with names (any case): the shared "openenv/" and "-v0" make every id look close.
+    asked = re.sub(r"-v\d+$", "", str(id).rsplit("/", 1)[-1]).lower()
+    close = [i for n in difflib.get_close_matches(asked, list(names), n=3, cutoff=0.6) for i in names[n]]
+    close += [i for i in difflib.get_close_matches(str(id), ours, n=3, cutoff=0.9) if i not in close]
+    hint = (f"did you mean {' or '.join(close[:3])}?" if close
+            else "`openenv-gym list` shows the registered ids")
+    raise ConfigurationError(f"{_shown(id)} is not registered; {hint}")
+
+
 def env_info(id: str) -> dict[str, Any]:
     """What an id is: its entry point and kwargs (secrets redacted), without building it."""
-    if id not in gym.registry:
-        raise ConfigurationError(f"{id!r} is not registered; known: {', '.join(list_environments())}")
-    spec = gym.registry[id]
-    from openenv_gym.redact import redact_kwargs
-
+    spec = gym.registry[check_id(id)]
     kwargs = redact_kwargs(spec.kwargs or {})
     return {
         "id": spec.id,

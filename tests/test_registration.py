@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,6 +21,8 @@ from gymnasium.utils.env_checker import check_env
 
 import openenv_gym
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.importers.catalog import read_catalog
+from openenv_gym.registration import ADAPTERS
 
 ENVS = Path(__file__).parent / "envs"
 
@@ -131,3 +135,199 @@ def test_check_env_passes_on_arithmetic():
         check_env(env.unwrapped, skip_render_check=True)
     finally:
         env.close()
+
+
+# -- a bad catalog entry costs only itself -------------------------------------------------------------
+
+BAD_NAMES = ["../../x", "a/b", "a b", "emoji\U0001F600", "zero\u200bwidth", "rtl\u202emark", "", "a:b"]
+
+
+def write_bad_catalog(catalog: Path) -> dict[str, object]:
+    """Good entries plus every kind of bad one; returns the raw entries written."""
+    entries: dict[str, object] = {
+        "Good": {"name": "Good", "kind": "ors", "source": str(ENVS / "ors_probe.py"), "env_class": "Probe"},
+        "AlsoGood": {"name": "AlsoGood", "kind": "ors", "source": str(ENVS / "ors_probe.py"), "env_class": "Probe"},
+        "Corrupt": {"name": "Corrupt", "kind": "ors"},
+        "Weird": {"name": "Weird", "kind": "weird", "source": "/s"},
+    }
+    for name in BAD_NAMES:
+        entries[name] = {"name": name, "kind": "ors", "source": "/s"}
+    body = json.dumps({"version": 1, "entries": entries})
+    deep = '"Deep": {"name": "Deep", "kind": "ors", "source": "/s", "options": {"o": ' + "[" * 50_000 + "]" * 50_000 + "}}"
+    catalog.parent.mkdir(parents=True, exist_ok=True)
+    catalog.write_text(body[:-2] + ", " + deep + "}}")
+    return entries
+
+
+def test_bad_catalog_entries_are_skipped_with_one_warning_and_the_good_ones_register(private_catalog):
+    write_bad_catalog(private_catalog)
+    script = ("import json, warnings; warnings.simplefilter('always'); import openenv_gym; "
+              "print(json.dumps(openenv_gym.list_environments()))")
+    done = run(["-c", script], private_catalog)
+    assert done.returncode == 0, done.stderr  # was: an exception from registration at import
+    ids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"openenv/Good-v0", "openenv/AlsoGood-v0", "openenv/Arithmetic-v0"} <= set(ids)
+    assert done.stderr.count("invalid catalog entr") == 1  # one warning for them all
+    assert "skipped 11 invalid catalog entries" in done.stderr
+    for name in [*BAD_NAMES, "Corrupt", "Weird", "Deep"]:
+        assert repr(name) in done.stderr
+    assert "openenv-gym remove" in done.stderr
+    assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr
+
+
+def test_cli_list_and_remove_work_with_a_bad_catalog(private_catalog):
+    write_bad_catalog(private_catalog)
+    listed = cli("list", catalog=private_catalog)
+    assert listed.returncode == 0, listed.stderr
+    assert "openenv/Good-v0" in listed.stdout and "openenv/ORS-v0" in listed.stdout
+    removed = cli("remove", "../../x", catalog=private_catalog)
+    assert removed.returncode == 0, removed.stderr
+    left = read_catalog(private_catalog, kinds=ADAPTERS)
+    assert "../../x" not in left.invalid and "Deep" in left.invalid and set(left.entries) == {"Good", "AlsoGood"}
+    removed = cli("remove", "--invalid", catalog=private_catalog)
+    assert removed.returncode == 0, removed.stderr
+    assert set(json.loads(private_catalog.read_text())["entries"]) == {"Good", "AlsoGood"}
+    clean = run(["-c", "import warnings; warnings.simplefilter('always'); import openenv_gym"], private_catalog)
+    assert clean.returncode == 0 and "catalog" not in clean.stderr
+
+
+def test_plugins_name_an_adapter_and_get_the_generic_entry_points(tmp_path, private_catalog):
+    (tmp_path / "adapter_plugin.py").write_text(textwrap.dedent(f"""
+        def envs():
+            return [
+                {{"id": "openenv/Short-v0", "adapter": "openenv_gym.adapters.ors:ORSAdapter",
+                  "kwargs": {{"source": {str(ENVS / 'ors_probe.py')!r}, "env_class": "Probe"}}}},
+                {{"id": "openenv/Legacy-v0", "entry_point": "openenv_gym.adapters.ors:make_env",
+                  "kwargs": {{"source": {str(ENVS / 'ors_probe.py')!r}, "env_class": "Probe"}}}},
+            ]
+    """))
+    dist = tmp_path / "adapter_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: adapter-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[openenv_gym.envs]\nmine = adapter_plugin:envs\n")
+    script = ("import json, gymnasium as gym, openenv_gym; print(json.dumps([[s.entry_point, s.vector_entry_point, "
+              "s.kwargs['adapter']] for s in map(gym.spec, ['openenv/Short-v0', 'openenv/Legacy-v0'])]))")
+    done = run(["-c", script], private_catalog, PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    expected = ["openenv_gym.registration:make_env", "openenv_gym.registration:make_vec",
+                "openenv_gym.adapters.ors:ORSAdapter"]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [expected, expected]
+
+
+def test_an_unknown_id_suggests_close_matches():
+    with pytest.raises(ConfigurationError, match="did you mean openenv/Arithmetic-v0"):
+        openenv_gym.env_info("openenv/Arithmetc-v0")
+    with pytest.raises(ConfigurationError, match="did you mean openenv/ORS-v0"):
+        openenv_gym.env_info("ors")
+
+
+# -- the generic entry point: unknown kwargs are named, secrets never shown ---------------------------
+
+SECRET = "SECRET-VALUE"
+
+
+def make_single(id, **kwargs):
+    return gym.make(id, **kwargs)
+
+
+def make_concurrent(id, **kwargs):
+    return gym.make_vec(id, num_envs=2, **kwargs)
+
+
+def make_sync(id, **kwargs):
+    return gym.make_vec(id, num_envs=2, vectorization_mode="sync", **kwargs)
+
+
+def assert_no_secret(info: pytest.ExceptionInfo) -> None:
+    shown = [str(info.value), repr(info.value), "".join(traceback.format_exception(info.value))]
+    assert not [text for text in shown if SECRET in text]
+
+
+@pytest.mark.parametrize("make", [make_single, make_concurrent, make_sync])
+@pytest.mark.parametrize("id, kwargs, named", [
+    ("openenv/ORS-v0", {"url": "http://127.0.0.1:9", "secrets": {"k": SECRET}, "step_timeout": 3, "bogus": 1}, "'bogus'"),
+    ("openenv/ORS-v0", {"url": "http://127.0.0.1:9", "headers": {"Authorization": SECRET}, "secret": {"k": SECRET}},
+     "'secret' (did you mean 'secrets'?)"),
+    ("openenv/Fleet-v0", {"api_key": SECRET, "env_key": "x", "env_variables": {"T": SECRET}, "max_turn": 2},
+     "'max_turn' (did you mean 'max_turns'?)"),
+    ("openenv/Arithmetic-v0", {"secrets": {"k": SECRET}, "token": SECRET}, "'token'"),
+])
+def test_an_unknown_kwarg_is_named_before_anything_starts_and_no_secret_is_shown(make, id, kwargs, named):
+    with pytest.raises(ConfigurationError) as info:  # was: Gymnasium's TypeError printing every kwarg
+        make(id, **kwargs)
+    assert named in str(info.value)
+    assert_no_secret(info)
+
+
+@pytest.mark.parametrize("make", [make_single, make_concurrent, make_sync])
+def test_a_kwarg_of_the_wrong_type_never_shows_a_secret(make):
+    # ORSAdapter(source=5) raises TypeError inside the entry point, which Gymnasium re-raised
+    # with every kwarg in the message.
+    with pytest.raises(ConfigurationError) as info:
+        make("openenv/ORS-v0", source=5, secrets={"k": SECRET}, api_key=SECRET)
+    assert_no_secret(info)
+
+
+def test_vector_only_names_are_checked_too():
+    with pytest.raises(ConfigurationError, match="did you mean 'concurrent'"):
+        gym.make_vec("openenv/Arithmetic-v0", num_envs=2, backend="conccurent")
+    with pytest.raises(ConfigurationError, match="'num_actor'"):
+        gym.make_vec("openenv/Arithmetic-v0", num_envs=2, vector_options={"num_actor": 2})
+    with pytest.raises(ConfigurationError, match="'backend'"):  # not a single env's kwarg
+        gym.make("openenv/Arithmetic-v0", backend="ray")
+
+
+def test_adapter_spec_repr_and_env_info_hide_secrets():
+    from openenv_gym.adapters.base import AdapterSpec
+    from openenv_gym.registration import _register
+
+    kwargs = {"url": "http://127.0.0.1:9", "secrets": {"k": SECRET}, "headers": {"Authorization": SECRET},
+              "api_key": SECRET, "env_args": {"nested": {"github_token": SECRET}}, "password": SECRET}
+    spec = AdapterSpec("openenv_gym.adapters.ors:ORSAdapter", dict(kwargs))
+    assert SECRET not in repr(spec) and SECRET not in str(spec) and "github_token" in repr(spec)
+    assert spec.kwargs["secrets"] == {"k": SECRET}  # the recipe itself keeps what it must pass on
+    _register("openenv/SecretHolder-v0", {"adapter": "openenv_gym.adapters.ors:ORSAdapter", **kwargs})
+    try:
+        assert SECRET not in repr(gym.spec("openenv/SecretHolder-v0"))  # the registry's spec prints safely
+        assert gym.spec("openenv/SecretHolder-v0").kwargs["api_key"] == SECRET  # and still holds the value
+        info = openenv_gym.env_info("openenv/SecretHolder-v0")
+        assert SECRET not in json.dumps(info)
+        assert info["kwargs"]["secrets"] == {"k": "***"} and info["kwargs"]["url"] == "http://127.0.0.1:9"
+    finally:
+        del gym.registry["openenv/SecretHolder-v0"]
+
+
+def test_made_envs_keep_secrets_out_of_their_spec_and_get_step_timeout():
+    env = gym.make("openenv/Arithmetic-v0", secrets={"k": SECRET}, step_timeout=30)
+    try:
+        assert env.unwrapped.step_timeout == 30
+        assert env.unwrapped.max_turns == 8  # the registered kwarg still reaches the env
+        for spec in (env.spec, env.unwrapped.spec):
+            assert SECRET not in repr(spec) and SECRET not in spec.to_json()
+        assert SECRET not in json.dumps(openenv_gym.env_info(env.spec.id))
+        registered = gym.spec("openenv/Arithmetic-v0")  # the registry's spec stays data
+        assert pickle.loads(pickle.dumps(registered)) == registered
+        assert json.loads(registered.to_json())["kwargs"]["adapter"] == "openenv_gym.adapters.ors:ORSAdapter"
+        again = gym.make(env.unwrapped.spec.id, max_turns=2)  # the spec's id and kwargs still make envs
+        assert again.unwrapped.max_turns == 2
+        again.close()
+    finally:
+        env.close()
+    envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=2, secrets={"k": SECRET})
+    try:
+        assert SECRET not in repr(envs.unwrapped.spec) and SECRET not in envs.unwrapped.spec.to_json()
+    finally:
+        envs.close()
+
+
+def test_an_env_key_the_adapter_takes_goes_to_the_adapter():
+    from openenv_gym.registration import _adapter_and_env_kwargs
+
+    source = str(ENVS / "verifiers_v0" / "vf_arith.py")
+    spec, env_kwargs = _adapter_and_env_kwargs(ADAPTERS["verifiers"], {"source": source, "max_turns": 2,
+                                                                      "split": "train", "step_timeout": 5})
+    assert spec.entry.endswith(":VerifiersV0Adapter")  # the front door chose the generation statically
+    assert spec.kwargs == {"source": source, "max_turns": 2}  # the library's own turn limit
+    assert env_kwargs == {"split": "train", "step_timeout": 5}
+    spec, env_kwargs = _adapter_and_env_kwargs(ADAPTERS["ors"], {"source": source, "max_turns": 2})
+    assert env_kwargs == {"max_turns": 2} and "max_turns" not in spec.kwargs

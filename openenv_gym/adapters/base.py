@@ -11,16 +11,20 @@ Data flows one way: env -> adapter/episode -> the outside system.
 from __future__ import annotations
 
 import abc
+import difflib
 import importlib
+import inspect
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import msgspec
 
 from openenv_gym.actions import Turn
-from openenv_gym.errors import TaskNotFound
+from openenv_gym.errors import ConfigurationError, TaskNotFound
+from openenv_gym.redact import redact_kwargs
 from openenv_gym.wire import Opening, Outcome, Split, TaskRef, ToolSpec
 
-__all__ = ["Adapter", "AdapterSpec", "Episode"]
+__all__ = ["Adapter", "AdapterSpec", "Episode", "accepted_kwargs", "check_kwargs"]
 
 
 class Episode(abc.ABC):
@@ -107,17 +111,112 @@ class Adapter(abc.ABC):
         return self._num_tasks[split]
 
 
+def _shown(name: object) -> str:
+    text = repr(name)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_kwargs(names: Iterable[str], accepted: Collection[str], what: str, *, also: Collection[str] = ()) -> None:
+    """Raise :class:`ConfigurationError` if a name in ``names`` is not in ``accepted``.
+
+    The message lists the unknown *names* with close matches (difflib) among ``accepted`` and
+    ``also`` (names the caller takes elsewhere, such as the env's own), and never a value:
+    Gymnasium formats a ``TypeError`` from an env creator with every kwarg, a secret included,
+    so a wrong name must be refused here first, as a ``ValueError``.
+    """
+    known = set(accepted) | set(also)
+    unknown = [n for n in names if n not in accepted]
+    if not unknown:
+        return
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(str(name), sorted(known), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        parts.append(_shown(name) + hint)
+    plural = "s" if len(unknown) > 1 else ""
+    raise ConfigurationError(f"unknown keyword argument{plural} {', '.join(parts)}; known for {what}: "
+                             f"{', '.join(sorted(known))}")
+
+
+def accepted_kwargs(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword names ``fn`` (a class: its constructor) accepts; ``None`` if it takes ``**kwargs``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): cannot check
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
 class AdapterSpec(msgspec.Struct):
     """How to build an adapter: ``"module:Class"`` and its kwargs.
 
     A recipe rather than an instance because a vector env builds several adapters (one per
     connection pool) and a Ray actor builds its own in another process.
+
+    ``entry`` names an :class:`Adapter` subclass, or a *front door*: a function that takes the
+    same kwargs and returns the ``AdapterSpec`` of the class to build (Verifiers picks its
+    generation's adapter this way); :meth:`resolve` follows front doors to the class. The repr
+    hides secret kwargs (:mod:`openenv_gym.redact`), since a spec ends up in messages and logs.
     """
 
     entry: str
     kwargs: dict[str, Any] = {}
 
+    def __repr__(self) -> str:
+        return f"AdapterSpec(entry={self.entry!r}, kwargs={redact_kwargs(self.kwargs)!r})"
+
+    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
+        yield "entry", self.entry
+        yield "kwargs", redact_kwargs(self.kwargs)
+
+    def target(self) -> Callable[..., Any]:
+        """The class or front door ``entry`` names, imported."""
+        module, sep, name = self.entry.partition(":")
+        if not sep or not module or not name:
+            raise ConfigurationError(f"an adapter entry is 'module:Class', not {_shown(self.entry)}")
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise ConfigurationError(f"module {module!r} has no {name!r} (adapter entry {self.entry!r})") from None
+        if not callable(obj):
+            raise ConfigurationError(f"adapter entry {self.entry!r} is not a class or a function")
+        return obj
+
+    def resolve(self) -> AdapterSpec:
+        """The spec of the :class:`Adapter` class to build, front doors followed (cheap: nothing starts)."""
+        spec = self
+        for _ in range(8):
+            target = spec.target()
+            if isinstance(target, type):
+                return spec
+            spec.check()
+            made = target(**spec.kwargs)
+            if not isinstance(made, AdapterSpec):
+                raise ConfigurationError(
+                    f"adapter entry {spec.entry!r} is a function that returned {type(made).__name__}; "
+                    "name an Adapter class, or a function returning an AdapterSpec")
+            spec = made
+        raise ConfigurationError(f"adapter entry {self.entry!r}: front doors lead to front doors")
+
+    def check(self, also: Collection[str] = ()) -> None:
+        """Refuse kwargs the target does not take (names only, see :func:`check_kwargs`).
+
+        ``also`` are names the caller takes elsewhere (the env's own), offered as suggestions.
+        """
+        target = self.target()
+        accepted = accepted_kwargs(target)
+        if accepted is not None:
+            what = getattr(target, "__name__", self.entry)
+            check_kwargs(self.kwargs, accepted, what, also=also)
+
     def build(self) -> Adapter:
-        """A new, not yet started adapter."""
-        module, _, name = self.entry.partition(":")
-        return getattr(importlib.import_module(module), name)(**self.kwargs)
+        """A new, not yet started adapter (a front door's choice, for a front door)."""
+        target = self.target()
+        self.check()
+        made = target(**self.kwargs)
+        # A front door answers with the spec of its choice; an older-style factory with the adapter.
+        return made.build() if isinstance(made, AdapterSpec) else made

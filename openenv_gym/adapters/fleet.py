@@ -2,7 +2,7 @@
 
 Fleet hosts an environment as an *instance*: the orchestrator creates it (``AsyncFleet.make``),
 the agent acts through the MCP tools on the instance, and the task's verifier computes the reward
-on the orchestrator (reference/fleet.md). This adapter maps that onto the Gymnasium contract:
+on the orchestrator (docs/backends.md, "Fleet"). This adapter maps that onto the Gymnasium contract:
 
 * ``reset``: an instance for the task's env (a fresh one, or one kept from the previous episode
   and reset, see ``reuse_instance``), one persistent MCP session to the modality's endpoint, the
@@ -12,7 +12,7 @@ on the orchestrator (reference/fleet.md). This adapter maps that onto the Gymnas
   messages); ``submit_final_answer`` runs the verifier and ends the episode with its reward;
 * ``close``: the instance is always deleted: on close, on errors, and at interpreter exit.
 
-SDK pitfalls handled here (reference/fleet.md §0): only the async objects are used (``AsyncFleet``,
+SDK pitfalls handled here (docs/backends.md, "Fleet"): only the async objects are used (``AsyncFleet``,
 ``AsyncEnv``, the async verifier), never mixed with the sync ones; both exception trees are
 caught; one client per process; HTTP retries only for transient statuses (429/5xx, connection
 errors) through the SDK's own transport, which keeps ``X-Request-ID`` across retries so a
@@ -52,7 +52,7 @@ from openenv_gym.errors import (
 )
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
-__all__ = ["FleetAdapter", "load_tasks", "normalize_task", "make_env", "make_vec", "SUBMIT_TOOL"]
+__all__ = ["FleetAdapter", "load_tasks", "normalize_task", "SUBMIT_TOOL"]
 
 MODALITIES = {"tool_use": (None, "mcp"), "computer_use": ("mcp", "api/v1/mcp")}
 """modality -> (image_type sent to ``make``, MCP path under the instance root)."""
@@ -646,20 +646,3 @@ def _delete_leftovers() -> None:
 
 
 atexit.register(_delete_leftovers)
-
-
-# -- Gymnasium entry points ----------------------------------------------------------------------
-
-def make_env(*, split: str | None = None, max_turns: int | None = None, render_mode: str | None = None,
-             **adapter_kwargs: Any):
-    """Gymnasium entry point of ``openenv/Fleet-v0`` and of imported Fleet task sets."""
-    from openenv_gym.env import AgentEnv
-
-    return AgentEnv(FleetAdapter(**adapter_kwargs), split=split, max_turns=max_turns, render_mode=render_mode)
-
-
-def make_vec(num_envs: int = 1, **kwargs: Any):
-    """Gymnasium vector entry point: sub-envs share one adapter (one Fleet client, one instance pool)."""
-    from openenv_gym.vector import make_entry
-
-    return make_entry("openenv_gym.adapters.fleet:FleetAdapter", num_envs, **kwargs)

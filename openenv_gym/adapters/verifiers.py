@@ -4,7 +4,7 @@ it, and the adapter that plays it.
 The two generations need different adapters (:mod:`openenv_gym.adapters.verifiers_v0` for the
 legacy ``load_environment`` API, :mod:`openenv_gym.adapters.verifiers_v1` for v1 tasksets) and
 different library versions: verifiers 0.4 has only v1, and 0.3.1 is the last release with the
-legacy API (reference/verifiers.md §0). Both adapters invert the library's control: its own
+legacy API (docs/backends.md, "Verifiers"). Both adapters invert the library's control: its own
 rollout loop runs, and each model call it makes becomes an observation the agent's action
 answers.
 
@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from openenv_gym.adapters.base import Adapter
+from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.errors import ConfigurationError, DetectionError
 
-__all__ = ["make_adapter", "make_env", "make_vec", "resolve_generation"]
+__all__ = ["adapter_spec", "make_adapter", "resolve_generation"]
 
 _ENTRIES = {"v0": "openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter",
             "v1": "openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter"}
@@ -59,11 +59,13 @@ def resolve_generation(env_id: str | None, source: str | os.PathLike | None) -> 
         raise ConfigurationError(str(exc)) from None
 
 
-def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None = None,
-                 generation: str | None = None, **kwargs: Any) -> Adapter:
-    """The adapter for a Verifiers environment: v0 or v1, found statically unless ``generation`` says.
+def adapter_spec(*, env_id: str | None = None, source: str | os.PathLike | None = None,
+                 generation: str | None = None, **kwargs: Any) -> AdapterSpec:
+    """The front door: which generation's adapter plays a Verifiers environment, with its kwargs.
 
-    ``kwargs`` go to the generation's adapter (``env_args``, and its timeout and turn knobs; see
+    The generation is found statically unless ``generation`` says; nothing is imported or run.
+    ``kwargs`` go to the generation's adapter (``env_args``, ``max_turns`` -- the library's own
+    turn limit, so a cut-off episode is still scored -- and its timeout knobs; see
     :class:`~openenv_gym.adapters.verifiers_v0.VerifiersV0Adapter` and
     :class:`~openenv_gym.adapters.verifiers_v1.VerifiersV1Adapter`).
     """
@@ -71,28 +73,13 @@ def make_adapter(*, env_id: str | None = None, source: str | os.PathLike | None 
         generation = resolve_generation(env_id, source)
     if generation not in _ENTRIES:
         raise ConfigurationError(f"generation must be 'v0' or 'v1', not {generation!r}")
-    from openenv_gym.adapters.base import AdapterSpec
-
     if source is not None:
         kwargs["source"] = str(source)
     if env_id is not None:
         kwargs["env_id"] = env_id
-    return AdapterSpec(_ENTRIES[generation], kwargs).build()
+    return AdapterSpec(_ENTRIES[generation], kwargs)
 
 
-def make_env(*, split: str | None = None, render_mode: str | None = None, **adapter_kwargs: Any):
-    """Gymnasium entry point of ``openenv/Verifiers-v0``, imported and discovered Verifiers envs.
-
-    ``max_turns`` goes to the library (its own turn limit, so a cut-off episode is still scored
-    and reports ``stop_condition``), not to a wrapper that would end it unscored.
-    """
-    from openenv_gym.env import AgentEnv
-
-    return AgentEnv(make_adapter(**adapter_kwargs), split=split, render_mode=render_mode)
-
-
-def make_vec(num_envs: int = 1, **kwargs: Any):
-    """Gymnasium vector entry point: the sub-envs share one loaded environment per adapter."""
-    from openenv_gym.vector import make_entry
-
-    return make_entry("openenv_gym.adapters.verifiers:make_adapter", num_envs, session_keys=("split",), **kwargs)
+def make_adapter(**kwargs: Any) -> Adapter:
+    """The adapter for a Verifiers environment (see :func:`adapter_spec`), not yet started."""
+    return adapter_spec(**kwargs).build()

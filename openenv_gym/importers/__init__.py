@@ -7,8 +7,11 @@ explanation instead of at ``gym.make`` with a server traceback.
 
 Each kind plugs in a detector in :data:`DETECTORS`: ``"ors"`` (a Python source of an ORS
 environment class), ``"fleet"`` (a JSON file of Fleet tasks) and ``"verifiers"`` (a legacy
-``load_environment`` module or a v1 Taskset package). :func:`detect` dispatches and picks the class; :func:`import_source`
-also validates the name and records the result with :mod:`openenv_gym.importers.catalog`.
+``load_environment`` module or a v1 Taskset package) and ``"openenv"`` (an OpenEnv environment
+folder: ``openenv.yaml``, ``server/app.py``). :func:`detect` dispatches and picks the
+class; :func:`import_source` also validates the name and records the result with
+:mod:`openenv_gym.importers.catalog`. A new kind adds its detector here (docs/architecture.md,
+"Adding a backend").
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import msgspec
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
 from openenv_gym.importers.catalog import CatalogEntry, add_entry, validate_name
 from openenv_gym.importers.fleet import detect_fleet_tasks, looks_like_fleet
+from openenv_gym.importers.openenv import detect_openenv, looks_like_openenv
 from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
 from openenv_gym.importers.verifiers import detect_verifiers, looks_like_verifiers
 
@@ -138,10 +142,20 @@ def _detect_verifiers(source: Path, env_class: str | None) -> Detected:
                     module_file=Path(found.path).name, sdk=found.generation, source=found.path)
 
 
+def _detect_openenv(source: Path, env_class: str | None) -> Detected:
+    found = detect_openenv(source)
+    if env_class is not None and env_class != found.app:
+        raise DetectionError(f"{source} serves {found.app}, not {env_class!r}")
+    return Detected(kind="openenv", env_class=found.app, env_name=found.name,
+                    module_file=found.app.partition(":")[0].replace(".", "/") + ".py",
+                    sdk=str(found.manifest.get("version") or "openenv"), source=found.folder)
+
+
 DETECTORS: dict[str, KindDetector] = {
     "ors": KindDetector(looks_like_ors, _detect_ors),
     "fleet": KindDetector(looks_like_fleet, _detect_fleet),
     "verifiers": KindDetector(looks_like_verifiers, _detect_verifiers),
+    "openenv": KindDetector(looks_like_openenv, _detect_openenv),
 }
 
 

@@ -15,7 +15,9 @@ from openenv_gym.importers.catalog import (
     add_entry,
     catalog_path,
     load_catalog,
+    read_catalog,
     remove_entry,
+    remove_invalid,
     validate_name,
 )
 
@@ -121,3 +123,122 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert len(raw["entries"]) == 80
     assert set(load_catalog(path)) == {f"w{w}-e{i}" for w in range(8) for i in range(10)}
     assert not list(tmp_path.glob("*.tmp"))  # no temp files left behind
+
+
+# -- hardening: one bad entry costs only itself ------------------------------------------------------
+
+GOOD = {"name": "Good", "kind": "ors", "source": "/src/Good"}
+BAD_NAMES = [
+    "../../x", "a/b", "a b", "a:b", "", "emoji\U0001F600", "zero\u200bwidth", "rtl\u202eoverride",
+    "rtl\u200fmark", "\u0410rithmetic",  # Cyrillic A: prints like the Latin one
+    "\uff21bc",  # fullwidth A
+    "e\u0301", "-dash-first", ".dot-first", "x" * 129, "tab\t", "new\nline",
+]
+
+
+def write(path: Path, entries: dict[str, object]) -> None:
+    path.write_text(json.dumps({"version": 1, "entries": entries}))
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=ascii)
+def test_names_gymnasium_ids_cannot_hold_or_that_hide_are_refused(name: str) -> None:
+    with pytest.raises(InvalidName):
+        validate_name(name)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=ascii)
+def test_a_bad_name_in_the_file_is_skipped_and_the_rest_load(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "catalog.json"
+    write(path, {"Good": GOOD, name: {"name": name, "kind": "ors", "source": "/src/bad"}})
+    contents = read_catalog(path)
+    assert set(contents.entries) == {"Good"}
+    assert set(contents.invalid) == {name} and "name" in contents.invalid[name]
+    with pytest.raises(CatalogError, match="invalid entries") as info:
+        load_catalog(path)  # the strict read names the bad entry
+    assert repr(name)[:40] in str(info.value)
+
+
+@pytest.mark.parametrize("value, reason", [
+    ({"name": "Broken", "kind": "ors"}, "not a catalog entry"),  # no source
+    ({"name": "Broken", "kind": 5, "source": "/s"}, "not a catalog entry"),
+    ({"name": "Other", "kind": "ors", "source": "/s"}, "named 'Other'"),
+    ({"name": "Broken", "kind": "ors", "source": "/s", "options": [1, 2]}, "not a catalog entry"),
+    ("just a string", "not a catalog entry"),
+    ({"name": "Broken", "kind": "ors", "source": "/s", "options": {"o": nested(40)}}, "levels deep"),
+])
+def test_a_corrupt_entry_is_skipped_with_its_reason(tmp_path: Path, value: object, reason: str) -> None:
+    path = tmp_path / "catalog.json"
+    write(path, {"Good": GOOD, "Broken": value})
+    contents = read_catalog(path)
+    assert set(contents.entries) == {"Good"}
+    assert reason in contents.invalid["Broken"]
+
+
+def test_options_nested_far_past_the_decoders_limit_cost_only_their_entry(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.json"
+    deep = '{"name": "Deep", "kind": "ors", "source": "/s", "options": {"o": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+    path.write_text('{"version": 1, "entries": {"Good": ' + json.dumps(GOOD) + ', "Deep": ' + deep
+                    + ', "Str": {"name": "Str", "kind": "ors", "source": "/s[[[{{", "options": {"s": "]]}"}}}}')
+    contents = read_catalog(path)  # was RecursionError
+    assert set(contents.entries) == {"Good", "Str"}
+    assert contents.entries["Str"].source == "/s[[[{{"  # brackets inside strings are not nesting
+    assert "levels deep" in contents.invalid["Deep"]
+    # removing another entry keeps the deep one as it was; removing it repairs the file
+    assert remove_entry("Str", path).name == "Str"
+    assert deep.replace(" ", "") in path.read_text().replace(" ", "").replace("\n", "")
+    assert remove_entry("Deep", path) is None
+    assert load_catalog(path) == {"Good": CatalogEntry(**GOOD)}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("content, fails", [
+    ('{"version": 1, "junk": ' + "[" * 100_000 + "]" * 100_000 + ', "entries": {}}', False),  # ignored field
+    ('{"version": ' + "[" * 100_000 + "]" * 100_000 + ', "entries": {}}', True),
+    ("[" * 100_000 + "]" * 100_000, True),
+    ("{" * 100_000, True),
+])
+def test_deep_nesting_outside_the_entries_never_raises_recursion_error(tmp_path: Path, content: str,
+                                                                       fails: bool) -> None:
+    path = tmp_path / "catalog.json"
+    path.write_text(content)
+    if fails:
+        with pytest.raises(CatalogError, match="catalog.json"):
+            read_catalog(path)
+    else:
+        assert read_catalog(path) == ({}, {})
+
+
+@pytest.mark.parametrize("name", ["../../x", "zero\u200bwidth", "", "Broken"], ids=ascii)
+def test_remove_deletes_a_bad_entry_and_keeps_every_other(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "catalog.json"
+    other_bad = {"name": "a b", "kind": "ors", "source": "/s"}
+    value = {"name": name, "kind": "ors"} if name == "Broken" else {"name": name, "kind": "ors", "source": "/s"}
+    write(path, {"Good": GOOD, name: value, "a b": other_bad})
+    assert remove_entry(name, path) is None  # a bad entry has no CatalogEntry to return
+    raw = json.loads(path.read_text())["entries"]
+    assert raw == {"Good": GOOD, "a b": other_bad}  # the other bad entry is kept for its owner
+
+
+def test_remove_invalid_removes_every_bad_entry_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.json"
+    write(path, {"Good": GOOD, "a/b": {"name": "a/b", "kind": "ors", "source": "/s"}, "X": {"kind": "ors"}})
+    assert set(remove_invalid(path)) == {"a/b", "X"}
+    assert set(json.loads(path.read_text())["entries"]) == {"Good"}
+    assert remove_invalid(path) == {}
+
+
+def test_add_refuses_a_catalog_with_bad_entries_and_says_how_to_fix_it(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.json"
+    write(path, {"a b": {"name": "a b", "kind": "ors", "source": "/s"}})
+    before = path.read_bytes()
+    with pytest.raises(CatalogError, match="remove"):
+        add_entry(entry("New"), path)
+    assert path.read_bytes() == before
+    with pytest.raises(CatalogError, match="levels deep"):
+        add_entry(entry("Deep", options={"o": nested(40)}), tmp_path / "other.json")
