@@ -35,6 +35,7 @@ from typing import Any
 
 from openenv_gym import runtime
 from openenv_gym.adapters import verifiers_v1 as v1
+from openenv_gym.adapters.verifiers_v1_servers import injected_interception_class
 from openenv_gym.env import AgentEnv
 
 SOURCE = Path(__file__).resolve().parent.parent / "tests" / "envs" / "verifiers_v1" / "vf1_calc"
@@ -91,7 +92,7 @@ def _library_agent(adapter: v1.VerifiersV1Adapter, steps: int, gaps: list[float]
 
             return RelayReply("text/event-stream", chunks(), close)
 
-    server = v1._make_interception_class()(Scripted())
+    server = injected_interception_class()(Scripted())
     config = adapter._agent_config.model_copy(update={
         "client": vf.EvalClientConfig(base_url="http://127.0.0.1:9/v1", api_key_var="NO_SUCH_KEY")})
     return vf.Agent(config, interception=server), server
@@ -105,7 +106,7 @@ async def _library(adapter: v1.VerifiersV1Adapter, episodes: int, steps: int) ->
     async with server:
         start = time.perf_counter()
         for n in range(episodes):
-            trace = await agent.run(tasks[n % len(tasks)], tools=adapter._shared or None)
+            trace = await agent.run(tasks[n % len(tasks)], tools=adapter.shared_tools or None)
             assert trace.ok and trace.num_turns == steps, (trace.errors, trace.num_turns)
             total, count = total + float(trace.reward), count + steps
         elapsed = time.perf_counter() - start

@@ -10,10 +10,10 @@ the library with every release, so this adapter does not: each episode runs the 
 ``run_rollout`` as an asyncio task on the package's runtime loop, with a model client
 (a :class:`verifiers.Client` subclass) whose ``get_response`` *publishes the request* as the
 observation and *waits for the agent's action*, which it returns as the model's reply
-(reference/verifiers.md §2b, approach B). Everything the env does between two model calls is
-therefore exactly what ``vf-eval`` would do, and the final reward is the rubric's own.
+(docs/backends.md, "Verifiers"). Everything the env does between two model calls is therefore
+exactly what ``vf-eval`` would do, and the final reward is the rubric's own.
 
-Mapping onto the Gymnasium contract (shared/DESIGN.md §2):
+Mapping onto the Gymnasium contract (docs/architecture.md):
 
 * tasks are dataset rows, as the library formats them (``Environment.get_dataset()`` and
   ``get_eval_dataset()``: ``prompt`` messages, ``answer``, ``info``, ``example_id``...): split
@@ -61,9 +61,9 @@ from openenv_gym.errors import (
     ConfigurationError,
     EpisodeNotStarted,
     ServerError,
-    SourceNotFound,
     TaskNotFound,
 )
+from openenv_gym.importers.verifiers import SourceModule, resolve_source
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["VerifiersV0Adapter", "VerifiersV0Episode", "TRUNCATING_STOPS"]
@@ -216,48 +216,61 @@ def _keep_signal_handlers() -> Iterator[None]:
                 signal.signal = _signal_saved  # type: ignore[assignment]
 
 
-def _resolve_source(source: str | os.PathLike) -> tuple[str, Path, bool]:
-    """(module name, file to load, is a package) for a source path; its folder goes on ``sys.path``.
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_restore = False
 
-    ``my_env.py`` -> ``my_env`` (its folder on ``sys.path``); a package folder (``__init__.py``)
-    -> the folder's name (its parent on ``sys.path``); the upstream layout ``my-env/my_env.py``
-    (+ pyproject) -> ``my_env`` (the folder on ``sys.path``). A folder is added only if not
-    already there, so the module's own sibling imports work.
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """Hide Hugging Face ``datasets`` progress bars while an environment builds its datasets.
+
+    ``load_environment`` and the library's dataset formatting run ``Dataset.map`` on every make,
+    which prints a "Map" bar per split: noise on each ``gym.make``, once per sub-env adapter.
+    The bars are switched off for the duration and the user's setting is put back after.
+    A user who sets ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` (datasets' own switch, which
+    wins over code) keeps them. Counted, so that concurrent constructions (a vector env builds
+    adapters in several threads) restore the setting once, when the last one finishes; the
+    setting is process-wide, so another thread's ``map`` in that window is quiet too.
     """
-    path = Path(source).expanduser().resolve()
-    if not path.exists():
-        raise SourceNotFound(f"Verifiers source {str(source)!r} does not exist")
-    package = False
-    if path.is_file():
-        if path.suffix != ".py":
-            raise ConfigurationError(f"Verifiers source {str(source)!r} is not a .py file or a folder")
-        directory, module, file = path.parent, path.stem, path
-    elif (path / "__init__.py").exists():
-        directory, module, file, package = path.parent, path.name, path / "__init__.py", True
-    else:
-        module = path.name.replace("-", "_")
-        if not (path / f"{module}.py").exists():
-            candidates = sorted(p.stem for p in path.glob("*.py") if not p.name.startswith("_"))
-            if len(candidates) != 1:
-                raise ConfigurationError(
-                    f"Verifiers source folder {str(source)!r} is not a package and holds no {module}.py; "
-                    f"pass the module file instead (found {candidates or 'no modules'})")
-            module = candidates[0]
-        directory, file = path, path / f"{module}.py"
-    if not module.isidentifier():
-        raise ConfigurationError(f"Verifiers source {str(source)!r} gives module name {module!r}, not importable")
-    if str(directory) not in sys.path:
-        sys.path.insert(0, str(directory))
-    return module, file, package
+    global _quiet_depth, _quiet_restore
+    try:
+        from datasets import config as hf_config
+        from datasets import utils as hf_utils  # are_/disable_/enable_progress_bars
+    except ImportError:  # no datasets: nothing prints
+        yield
+        return
+    if hf_config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:  # the user asked for them explicitly
+        yield
+        return
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_restore = not hf_utils.are_progress_bars_disabled()
+            if _quiet_restore:
+                hf_utils.disable_progress_bars()
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0 and _quiet_restore:
+                _quiet_restore = False
+                hf_utils.enable_progress_bars()
 
 
-def _import_source(module: str, file: Path, package: bool) -> None:
-    """Import ``file`` as ``module`` unless that exact file is already imported under the name.
+def _import_source(found: SourceModule) -> None:
+    """Import the source's file as its module unless that exact file is already imported under the name.
 
-    Loading from the file (rather than by name through ``sys.path``) means the source given is
-    the one used even when another folder on ``sys.path`` has a module of the same name; a
-    same-named module from another file is replaced in ``sys.modules``.
+    Its folder (a package's parent) goes on ``sys.path`` first, unless already there, so the
+    module's own sibling imports work. Loading from the file (rather than by name through
+    ``sys.path``) means the source given is the one used even when another folder on
+    ``sys.path`` has a module of the same name; a same-named module from another file is
+    replaced in ``sys.modules``.
     """
+    module, file, package = found.module, found.file, found.package
+    if str(found.root) not in sys.path:
+        sys.path.insert(0, str(found.root))
     existing = sys.modules.get(module)
     if existing is not None and getattr(existing, "__file__", None) and Path(existing.__file__).resolve() == file:
         return
@@ -392,9 +405,11 @@ class VerifiersV0Adapter(Adapter):
         env_id: the environment's importable module or package name (``"vf_arith"``, or
             ``"owner/vf-arith"``: ``vf.load_environment`` keeps the last part and maps ``-`` to
             ``_``).
-        source: a module file (``my_env.py``), a package folder, or the upstream layout
-            ``my-env/my_env.py``. Its folder (or the package's parent) is put on ``sys.path``
-            unless already there, the module name comes from the path, and the module is
+        source: a module file (``my_env.py``), a package folder, or a project folder (the
+            upstream layout ``my-env/my_env.py``, or ``my-env/my_env/__init__.py``): any layout
+            :func:`openenv_gym.importers.verifiers.resolve_source` accepts. Its folder (or the
+            package's parent) is put on ``sys.path`` unless already there, the module name
+            comes from the path, and the module is
             imported from that file (replacing a same-named module from elsewhere in
             ``sys.modules``). ``env_id``, if also given, is what ``vf.load_environment`` gets
             (and records as ``env.env_id``); it must name the same module.
@@ -442,6 +457,9 @@ class VerifiersV0Adapter(Adapter):
 
     Many episodes (a vector env's sub-envs) share one adapter and one loaded env; each episode
     has its own client and state, as in the library's own concurrent ``generate``.
+
+    Hugging Face ``datasets`` progress bars ("Map", one per split) are hidden while the env and
+    its datasets are built; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` keeps them.
     """
 
     kind = "verifiers_v0"
@@ -469,17 +487,17 @@ class VerifiersV0Adapter(Adapter):
             raise ConfigurationError("rollout_timeout must be positive or None")
         vf = _import_v0()
         self._vf = vf
-        resolved = _resolve_source(source) if source is not None else None
-        load_id = env_id if env_id is not None else resolved[0]  # type: ignore[index]
-        if resolved is not None and env_id is not None:
+        found = resolve_source(source) if source is not None else None
+        load_id = env_id if env_id is not None else found.module  # type: ignore[union-attr]
+        if found is not None and env_id is not None:
             named = env_id.replace("-", "_").split("/")[-1]  # vf's env_module_name
-            if named != resolved[0]:
+            if named != found.module:
                 raise ConfigurationError(
-                    f"env_id {env_id!r} names module {named!r} but source {str(source)!r} holds {resolved[0]!r}")
+                    f"env_id {env_id!r} names module {named!r} but source {str(source)!r} holds {found.module!r}")
         self.env_args = dict(env_args or {})
-        with _keep_signal_handlers():
-            if resolved is not None:
-                _import_source(*resolved)
+        with _keep_signal_handlers(), _quiet_datasets():
+            if found is not None:
+                _import_source(found)
             try:
                 env = vf.load_environment(load_id, **self.env_args)
             except Exception as exc:
@@ -534,7 +552,8 @@ class VerifiersV0Adapter(Adapter):
 
     def _build_datasets(self) -> tuple[Any, Any]:
         try:
-            return self.env.build_dataset(), self.env.build_eval_dataset()
+            with _quiet_datasets():
+                return self.env.build_dataset(), self.env.build_eval_dataset()
         except Exception as exc:
             raise ConfigurationError(f"building the datasets of {self.env_id!r} failed: {exc}") from exc
 

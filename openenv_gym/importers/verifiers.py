@@ -1,6 +1,10 @@
-"""Static detection of Verifiers environments, and discovery of the installed ones.
+"""Where a Verifiers source's code is, static detection of its generation, and discovery.
 
-Verifiers has two incompatible generations (reference/verifiers.md §0, §4), told apart here from
+:func:`resolve_source` is the one place that turns a source path into the module to import and
+the directory to import it from; the importer (:func:`detect_verifiers`) and both adapters
+(:mod:`openenv_gym.adapters.verifiers_v0`, :mod:`openenv_gym.adapters.verifiers_v1`) use it.
+
+Verifiers has two incompatible generations (docs/backends.md, "Verifiers"), told apart here from
 the syntax tree alone (nothing is imported or run):
 
 * **v0** (legacy, ``verifiers<0.4``): a module or package with a top-level
@@ -25,15 +29,19 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import msgspec
 
-from openenv_gym.errors import DetectionError
+from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
 from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
 
-__all__ = ["VerifiersSource", "detect_verifiers", "looks_like_verifiers", "discover_installed", "cache_path"]
+__all__ = [
+    "SourceModule", "VerifiersSource", "cache_path", "detect_verifiers", "discover_installed",
+    "looks_like_verifiers", "resolve_source",
+]
 
 _V1 = "verifiers.v1"
 _REQ = re.compile(r"^\s*verifiers\b(?![-_.a-zA-Z0-9])", re.IGNORECASE)
@@ -149,42 +157,130 @@ def _detect_file(path: Path) -> VerifiersSource | None:
     return None
 
 
-def detect_verifiers(source: str | os.PathLike[str]) -> VerifiersSource:
-    """The Verifiers environment in ``source`` (a module file, a package, or a project folder)."""
-    path = Path(source).resolve()
-    found: list[VerifiersSource] = []
+# -- where a source's code is ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceModule:
+    """The module a Verifiers source path names: import ``module`` with ``root`` on ``sys.path``.
+
+    ``file`` is the file that defines it (a package's ``__init__.py``); ``package`` says whether
+    it is a package (whose relative imports need it imported as one).
+    """
+
+    root: Path
+    module: str
+    file: Path
+    package: bool
+
+
+_SKIP_CHILDREN = frozenset({"tests", "test"})
+
+
+def _children(folder: Path) -> list[SourceModule]:
+    """The top-level modules and packages of a project folder (hidden, private and test ones skipped)."""
+    found = []
+    for child in sorted(folder.iterdir()):
+        if child.name.startswith((".", "_")):
+            continue
+        if child.is_dir() and (child / "__init__.py").is_file() and child.name not in _SKIP_CHILDREN:
+            found.append(SourceModule(folder, child.name, child / "__init__.py", True))
+        elif child.is_file() and child.suffix == ".py" and child.stem not in _SKIP_CHILDREN:
+            found.append(SourceModule(folder, child.stem, child, False))
+    return found
+
+
+def _detect(found: SourceModule) -> VerifiersSource | None:
+    return _detect_package(found.file.parent) if found.package else _detect_file(found.file)
+
+
+def resolve_source(source: str | os.PathLike[str], *, noun: str = "environment") -> SourceModule:
+    """The module a Verifiers source path names, and the directory to import it from.
+
+    Nothing is imported. Accepted layouts (paths are resolved; ``-`` in a folder name reads as ``_``):
+
+    * a module file ``my_env.py`` -> ``my_env``, imported from its folder;
+    * a package folder ``my_env/`` (or its ``__init__.py``) -> ``my_env``, from the parent folder;
+    * a project folder ``my-env/`` holding ``my_env.py`` or ``my_env/__init__.py`` (the layout of
+      ``prime env init`` and of upstream ``environments/``) -> ``my_env``, from the project folder;
+    * a project folder holding one top-level module or package under another name, or several of
+      which exactly one is, statically, a Verifiers environment (hidden, ``_private``, ``test``
+      and ``tests`` entries are skipped).
+
+    Args:
+        source: a file or folder path.
+        noun: what the caller calls the environment in its messages (``"taskset"`` for v1).
+
+    Raises:
+        SourceNotFound: the path does not exist.
+        AmbiguousSource: a project folder holds several environments (the message lists them).
+        DetectionError: no module can be told (a :class:`~openenv_gym.errors.ConfigurationError`).
+    """
+    path = Path(source).expanduser().resolve()
+    if not path.exists():
+        raise SourceNotFound(f"Verifiers {noun} source {str(source)!r} does not exist")
     if path.is_file():
-        hit = _detect_file(path) if path.suffix == ".py" else None
-        if hit is None and path.name == "__init__.py":
-            hit = _detect_package(path.parent)
-        found = [hit] if hit else []
-    elif path.is_dir():
-        hit = _detect_package(path) if (path / "__init__.py").is_file() else None
-        if hit is not None:
-            found = [hit]
+        if path.name == "__init__.py":
+            found = SourceModule(path.parent.parent, path.parent.name, path, True)
+        elif path.suffix == ".py":
+            found = SourceModule(path.parent, path.stem, path, False)
         else:
-            # a project folder: top-level modules and packages (environments/my_env/my_env.py, ...)
-            for child in sorted(path.iterdir()):
-                if child.name.startswith((".", "_")) or child.name in ("tests", "test"):
-                    continue
-                if child.is_dir() and (child / "__init__.py").is_file():
-                    hit = _detect_package(child)
-                elif child.suffix == ".py":
-                    hit = _detect_file(child)
-                else:
-                    hit = None
-                if hit:
-                    found.append(hit)
-    if not found:
+            raise DetectionError(f"Verifiers {noun} source {str(source)!r} is not a .py file or a folder")
+    elif (path / "__init__.py").is_file():
+        found = SourceModule(path.parent, path.name, path / "__init__.py", True)
+    else:
+        found = _in_project(path, noun)
+    if not found.module.isidentifier():
         raise DetectionError(
-            f"no Verifiers environment found in {path}: looked for a module with a top-level "
+            f"Verifiers {noun} source {str(source)!r} gives module name {found.module!r}, which is not importable")
+    return found
+
+
+def _in_project(folder: Path, noun: str) -> SourceModule:
+    """The environment module of a project folder (not itself a package)."""
+    name = folder.name.replace("-", "_")
+    if (folder / f"{name}.py").is_file():
+        return SourceModule(folder, name, folder / f"{name}.py", False)
+    if (folder / name / "__init__.py").is_file():
+        return SourceModule(folder, name, folder / name / "__init__.py", True)
+    children = _children(folder)
+    if len(children) == 1:
+        return children[0]
+    environments = [c for c in children if _detect(c) is not None]
+    if len(environments) == 1:
+        return environments[0]
+    if len(environments) > 1:
+        raise AmbiguousSource(
+            f"{folder} holds several Verifiers environments ({', '.join(c.module for c in environments)}); "
+            "import one of them by its file or package path")
+    listed = ", ".join(c.module for c in children) or "no modules"
+    raise DetectionError(
+        f"cannot tell the {noun} module in {str(folder)!r}: expected a package (__init__.py), {name}.py or "
+        f"{name}/__init__.py, or one Verifiers environment among its modules (found {listed}); "
+        "or pass the module's path as source=")
+
+
+def detect_verifiers(source: str | os.PathLike[str]) -> VerifiersSource:
+    """The Verifiers environment in ``source`` (any layout :func:`resolve_source` accepts), found statically."""
+    found = resolve_source(source)
+    hit = _detect(found)
+    folder = Path(source).expanduser().resolve()
+    if hit is None and folder.is_dir():
+        # A folder whose own module is no environment (a package that re-exports it, a helper
+        # module named after the project): one of its top-level modules may be.
+        hits = [h for h in map(_detect, _children(folder)) if h is not None]
+        if len(hits) > 1:
+            names = ", ".join(h.module for h in hits)
+            raise AmbiguousSource(f"{folder} holds several Verifiers environments ({names}); "
+                                  "import one of them by its file or package path")
+        hit = hits[0] if hits else None
+    if hit is None:
+        where = found.file.parent if found.package else found.file
+        raise DetectionError(
+            f"no Verifiers environment found in {where}: looked for a module with a top-level "
             "load_environment() that imports verifiers (legacy v0), or a package whose __all__ exports "
             "a verifiers.v1 Taskset subclass (v1)"
         )
-    if len(found) > 1:
-        raise DetectionError(f"{path} holds several Verifiers environments ({', '.join(f.module for f in found)}); "
-                             "import one of them by its file or package path")
-    return found[0]
+    return hit
 
 
 _IMPORT_HINT = re.compile(r"^\s*(import|from)\s+verifiers\b", re.MULTILINE)

@@ -2,7 +2,7 @@
 
 fleet-python can be pointed at any base URL, and every per-instance URL it uses comes from the
 create response, so one local process can stand in for Fleet's orchestrator, its instance
-managers and its MCP endpoints (reference/fleet.md §0, §6). :class:`FleetTestServer` starts
+managers and its MCP endpoints (docs/backends.md, "Fleet"). :class:`FleetTestServer` starts
 that process (:mod:`openenv_gym.testing.fleet_server`), waits until it answers, and drives it
 through ``/_test/...`` control endpoints::
 
@@ -21,10 +21,15 @@ asks the kernel to terminate it when its parent dies (``PR_SET_PDEATHSIG``); tha
 to the *thread* that started it, so call :meth:`FleetTestServer.start` from a thread that lives
 as long as the server (the main thread, a pytest fixture).
 
-``python -m openenv_gym.testing.fleet --port 8123`` runs the same server in the foreground.
+The API key reaches the server in the environment variable ``FLEET_TEST_SERVER_API_KEY``, never
+on its command line, where any local user could read it (``ps``).
+
+``python -m openenv_gym.testing.fleet --port 8123`` runs the same server in the foreground (its
+key, too, comes from ``FLEET_TEST_SERVER_API_KEY``, default ``test-key``).
 
 :data:`EXAMPLE_TASKS` are Fleet task dicts for the server's ``issues`` environment, in the JSON
-shape ``Fleet.load_tasks_from_file`` reads, plus ``split`` and ``task_modality`` keys.
+shape ``Fleet.load_tasks_from_file`` reads, plus ``split`` and ``task_modality`` keys (defined in
+:mod:`openenv_gym.testing.fleet_common`, which the server imports too).
 """
 
 from __future__ import annotations
@@ -44,112 +49,15 @@ from typing import Any
 
 import httpx
 
+from openenv_gym.testing.fleet_common import (
+    API_KEY_ENV,
+    DEFAULT_API_KEY,
+    EXAMPLE_TASKS,
+    take_api_key,
+    write_example_tasks,
+)
+
 __all__ = ["EXAMPLE_TASKS", "FleetTestServer", "write_example_tasks"]
-
-_API_KEY_ENV = "FLEET_TEST_SERVER_API_KEY"  # same name as fleet_server.API_KEY_ENV (not imported: needs mcp)
-
-# --------------------------------------------------------------------------- tasks
-
-_VERIFY_LOGIN_BUG = '''\
-def verify(env, final_answer=None) -> float:
-    """1.0 if an issue titled "Login fails" exists."""
-    env.instance.load()
-    rows = env.db("current").table("issues").eq("title", "Login fails").all()
-    return 1.0 if rows else 0.0
-'''
-
-_VERIFY_COUNT_OPEN = '''\
-def verify(env, final_answer=None) -> float:
-    """1.0 if the final answer names the number of open issues, and no other number."""
-    env.instance.load()
-    open_count = len(env.db("current").table("issues").eq("status", "open").all())
-    numbers = extract_numbers(str(final_answer or ""))
-    return 1.0 if numbers and set(numbers) == {float(open_count)} else 0.0
-'''
-
-_VERIFY_TRIAGE = '''\
-def verify(env, final_answer=None) -> float:
-    """Two checks; the accumulator blocks on stdout let a caller give partial credit."""
-    env.instance.load()
-    issues = env.db("current").table("issues")
-    successes, errors = [], []
-    if issues.eq("title", "Crash on save").all():
-        successes.append("issue 'Crash on save' was created")
-    else:
-        errors.append("no issue titled 'Crash on save'")
-    first = issues.eq("id", 1).first()
-    if first is not None and first["status"] == "closed":
-        successes.append("issue 1 is closed")
-    else:
-        errors.append("issue 1 is not closed")
-    print(">>> SUCCESS_ACCUMULATOR >>>")
-    print(repr(successes))
-    print("<<< SUCCESS_ACCUMULATOR <<<")
-    print(">>> ERROR_ACCUMULATOR >>>")
-    print(repr(errors))
-    print("<<< ERROR_ACCUMULATOR <<<")
-    return 1.0 if not errors else 0.0
-'''
-
-_VERIFY_SCREEN_FLICKER = '''\
-def verify(env, final_answer=None) -> float:
-    """1.0 if an issue titled "Screen flicker" exists."""
-    env.instance.load()
-    rows = env.db("current").table("issues").eq("title", "Screen flicker").all()
-    return 1.0 if rows else 0.0
-'''
-
-
-def _task(key: str, prompt: str, verifier: str, split: str, modality: str = "tool_use") -> dict[str, Any]:
-    return {
-        "key": key,
-        "prompt": prompt,
-        "env_id": "issues",
-        "version": "1.0.0",
-        "data_id": "seed",
-        "data_version": "1.0",
-        "verifier_func": verifier,
-        "metadata": {},
-        "split": split,
-        "task_modality": modality,
-    }
-
-
-EXAMPLE_TASKS: list[dict[str, Any]] = [
-    _task(
-        "create-login-bug",
-        'Users report that logging in fails. File an issue titled "Login fails" describing the problem.',
-        _VERIFY_LOGIN_BUG,
-        "train",
-    ),
-    _task(
-        "count-open",
-        "How many issues are currently open? Submit the number with submit_final_answer.",
-        _VERIFY_COUNT_OPEN,
-        "train",
-    ),
-    _task(
-        "triage",
-        'Triage the tracker: file an issue titled "Crash on save", and close issue 1 (it is fixed).',
-        _VERIFY_TRIAGE,
-        "train",
-    ),
-    _task(
-        "screen-flicker",
-        'Take a screenshot of the tracker, then file an issue titled "Screen flicker".',
-        _VERIFY_SCREEN_FLICKER,
-        "test",
-        modality="computer_use",
-    ),
-]
-
-
-def write_example_tasks(path: str | os.PathLike[str]) -> Path:
-    """Write :data:`EXAMPLE_TASKS` as a JSON list (what ``Fleet.load_tasks_from_file`` reads)."""
-    target = Path(path)
-    target.write_text(json.dumps(EXAMPLE_TASKS, indent=2) + "\n", encoding="utf-8")
-    return target
-
 
 # --------------------------------------------------------------------------- launcher
 
@@ -176,7 +84,7 @@ class FleetTestServer:
 
     def __init__(
         self,
-        api_key: str = "test-key",
+        api_key: str = DEFAULT_API_KEY,
         mcp_mode: str = "stateful",
         require_runner_token: bool = False,
         create_delay: float = 0.0,
@@ -219,6 +127,13 @@ class FleetTestServer:
             raise RuntimeError("FleetTestServer is not started")
         return self._workdir / "requests.jsonl"
 
+    @property
+    def output_path(self) -> Path:
+        """The server process's stdout and stderr (its warnings and errors; removed by :meth:`stop`)."""
+        if self._workdir is None:
+            raise RuntimeError("FleetTestServer is not started")
+        return self._workdir / "server.log"
+
     def start(self) -> FleetTestServer:
         """Spawn the server and wait until it answers; returns ``self``."""
         if self._process is not None:
@@ -235,12 +150,12 @@ class FleetTestServer:
         if self.require_runner_token:
             cmd.append("--require-runner-token")
         # The key goes through the environment, not argv, where `ps` would show it.
-        env = {**os.environ, _API_KEY_ENV: self.api_key}
+        env = {**os.environ, API_KEY_ENV: self.api_key}
         # `-m` puts the working directory first on sys.path, where a stray fleet.py or mcp/ would
         # shadow the real packages: run in the (empty) work dir and find this package explicitly.
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        with open(self._workdir / "server.log", "wb") as log:
+        with open(self.output_path, "wb") as log:
             self._process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=self._workdir
             )
@@ -277,7 +192,7 @@ class FleetTestServer:
 
     def _log_tail(self, lines: int = 30) -> str:
         try:
-            text = (self._workdir / "server.log").read_text(errors="replace") if self._workdir else ""
+            text = self.output_path.read_text(errors="replace") if self._workdir else ""
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
@@ -393,16 +308,23 @@ class FleetTestServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m openenv_gym.testing.fleet``: run the server in the foreground."""
-    parser = argparse.ArgumentParser(description="Run a Fleet-compatible test server on 127.0.0.1.")
+    """``python -m openenv_gym.testing.fleet``: run the server in the foreground.
+
+    The API key comes from ``FLEET_TEST_SERVER_API_KEY`` (default ``test-key``), not from argv.
+    """
+    parser = argparse.ArgumentParser(
+        description="Run a Fleet-compatible test server on 127.0.0.1.",
+        epilog=f"The API key is read from ${API_KEY_ENV} (default {DEFAULT_API_KEY!r}), never from argv.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--port", type=int, default=8123, help="0 picks a free port")
-    parser.add_argument("--api-key", default="test-key")
     parser.add_argument("--mcp-mode", choices=["stateful", "stateless"], default="stateful")
     parser.add_argument("--require-runner-token", action="store_true")
     parser.add_argument("--create-delay", type=float, default=0.0)
     parser.add_argument("--log-file", type=Path, help="append a JSONL request log here")
     parser.add_argument("--write-tasks", type=Path, help="also write EXAMPLE_TASKS to this JSON file")
     args = parser.parse_args(argv)
+    api_key = take_api_key()
 
     from openenv_gym.testing import fleet_server
 
@@ -413,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         url = f"http://127.0.0.1:{port}"
         print(f"Fleet test server on {url} (MCP {args.mcp_mode}, mcp {fleet_server.MCP_MAJOR}.x)")
         print(f"  export FLEET_BASE_URL={url}")
-        print(f"  export FLEET_API_KEY={args.api_key}")
+        print(f"  export FLEET_API_KEY={api_key}")
         print('  environment "issues" (versions 1.0.0, 1.1.0), data "seed:1.0"')
         if args.write_tasks:
             print(f"  tasks written to {args.write_tasks}")
@@ -421,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
 
     fleet_server.serve(
         fleet_server.ServerOptions(
-            api_key=args.api_key, port=args.port, mcp_mode=args.mcp_mode,
+            api_key=api_key, port=args.port, mcp_mode=args.mcp_mode,
             require_runner_token=args.require_runner_token, create_delay=args.create_delay,
             log_file=args.log_file,
         ),

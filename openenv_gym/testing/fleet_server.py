@@ -26,9 +26,16 @@ and the real ``mcp`` client run against it unchanged:
 
 Every other request is logged as one JSON line (method, path, query, status, X-Request-ID,
 JSON body) — never a header value, so neither the API key nor the runner token can leak there.
+The API key itself arrives in the environment variable ``FLEET_TEST_SERVER_API_KEY`` (removed
+from the environment once read), never on the command line, which every local user can read.
 
 Written against mcp 1.x (``FastMCP``) and 2.x (``MCPServer``); only public APIs of either are
-used, except the session table that ``drop_mcp_sessions`` clears.
+used, except the session table that ``drop_mcp_sessions`` clears. mcp 1.x's traceback for the
+normal end of a session's SSE stream is filtered out of the log (:class:`SessionTeardownFilter`).
+
+The example tasks and the key's variable come from :mod:`openenv_gym.testing.fleet_common`; this
+module never imports the launcher (:mod:`openenv_gym.testing.fleet`), which imports it only to
+run the server in the foreground.
 """
 
 import argparse
@@ -40,6 +47,7 @@ import hashlib
 import hmac
 import io
 import json
+import logging
 import os
 import re
 import secrets
@@ -59,6 +67,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -68,6 +77,7 @@ from starlette.routing import Route
 from mcp.server.transport_security import TransportSecuritySettings
 
 from openenv_gym.adapters.ors_serve import die_with_parent
+from openenv_gym.testing.fleet_common import API_KEY_ENV, DEFAULT_API_KEY, EXAMPLE_TASKS, take_api_key
 
 try:  # mcp 2.x
     from mcp.server.mcpserver import Image, MCPServer as _MCPServerClass
@@ -85,7 +95,6 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-API_KEY_ENV = "FLEET_TEST_SERVER_API_KEY"
 RUNNER_TOKEN_HEADER = "x-runner-token"
 MODALITIES = ("tool_use", "computer_use")
 
@@ -481,8 +490,37 @@ def _register_tools(server: Any, state: ServerState, with_computer: bool) -> Non
         return Image(data=screenshot_png(open_issues, (x, y)), format="png")
 
 
+class SessionTeardownFilter(logging.Filter):
+    """Drops mcp 1.x's traceback for an SSE stream that a session's teardown closed; nothing else.
+
+    When a client ends a stateful session (``DELETE``, as the mcp client does on exit) or the
+    server drops it, the transport's ``terminate()`` closes the memory stream that the session's
+    SSE writer task is reading, and mcp 1.x logs the resulting ``anyio.ClosedResourceError``
+    with ``logger.exception`` ("Error in standalone SSE writer", a full traceback per session).
+    mcp 2.x treats that exception in those writers as the normal end of the stream (it passes,
+    or logs at DEBUG). This filter does the same for 1.x: it drops exactly those two messages
+    when they carry that exception type, so every other error, including any other exception
+    in the same writers, is still logged.
+    """
+
+    LOGGER = "mcp.server.streamable_http"
+    MESSAGES = frozenset({"Error in standalone SSE writer", "Error in SSE writer"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, anyio.ClosedResourceError) and record.getMessage() in self.MESSAGES)
+
+    @classmethod
+    def install(cls) -> None:
+        """Add the filter to mcp's streamable-HTTP logger (once per process)."""
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
 def build_mcp_managers(state: ServerState) -> dict[str, Any]:
     """One streamable-HTTP session manager per modality, configured for ``state.mcp_mode``."""
+    SessionTeardownFilter.install()
     stateless = state.mcp_mode == "stateless"
     # mcp enables DNS-rebinding protection for loopback servers; keep it, and accept every
     # loopback spelling a client may put in the Host header.
@@ -781,8 +819,6 @@ class FleetTestApp:
         return JSONResponse({"token": self.state.runner_token})
 
     async def tasks(self, request: Request) -> Response:
-        from openenv_gym.testing.fleet import EXAMPLE_TASKS
-
         env_key = request.query_params.get("env_key")
         keys = request.query_params.getlist("task_keys")
         chosen = [
@@ -1169,12 +1205,14 @@ def serve(options: ServerOptions, on_ready: Callable[[int, ServerState], None] |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Fleet-compatible test server (127.0.0.1 only).")
+    parser = argparse.ArgumentParser(
+        description="Fleet-compatible test server (127.0.0.1 only).",
+        epilog=f"The API key is read from ${API_KEY_ENV} (default {DEFAULT_API_KEY!r}), never from argv.",
+    )
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (see --port-file)")
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--log-file", type=Path, help="JSONL request log")
     parser.add_argument("--state-dir", type=Path, help="where instance databases live (default: a temp dir)")
-    parser.add_argument("--api-key", help=f"default: ${API_KEY_ENV}, else 'test-key'")
     parser.add_argument("--mcp-mode", choices=["stateful", "stateless"], default="stateful")
     parser.add_argument("--require-runner-token", action="store_true")
     parser.add_argument("--create-delay", type=float, default=0.0)
@@ -1184,8 +1222,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.parent_pid:
         die_with_parent(args.parent_pid)
-    # Taken out of the environment so verifier code running in this process cannot read it.
-    api_key = args.api_key or os.environ.pop(API_KEY_ENV, None) or "test-key"
+    # From the environment, not argv (which `ps` shows to every local user), and taken out of it
+    # so that verifier code running in this process cannot read it.
+    api_key = take_api_key()
     serve(ServerOptions(
         api_key=api_key, port=args.port, mcp_mode=args.mcp_mode, require_runner_token=args.require_runner_token,
         create_delay=args.create_delay, state_dir=args.state_dir, log_file=args.log_file, port_file=args.port_file,

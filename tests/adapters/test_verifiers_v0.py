@@ -452,6 +452,43 @@ def test_source_layouts_and_a_shadowing_module(tmp_path):
         VerifiersV0Adapter(env_id="vf-guess", source=ARITH)
 
 
+def test_project_folder_with_a_package_named_after_it(tmp_path):
+    """The layout of ``prime env init`` projects (``my-env/my_env/__init__.py``), as the v1 adapter takes it."""
+    project = tmp_path / "my-env"
+    (project / "my_env").mkdir(parents=True)
+    (project / "my_env" / "__init__.py").write_text(Path(ARITH).read_text())
+    adapter = VerifiersV0Adapter(source=project)
+    try:
+        assert adapter.env_id == "my_env"
+        runtime.run_sync(adapter.start(), 30)
+        assert runtime.run_sync(adapter.num_tasks("train"), 30) == 3
+    finally:
+        runtime.run_sync(adapter.aclose(), 30)
+
+
+def test_making_an_env_prints_no_progress_bars(capfd):
+    """Hugging Face's "Map" bars (one per split, on every make) are hidden; the user's setting is kept."""
+    import datasets
+
+    before = datasets.are_progress_bars_disabled()
+    for source in (GUESS, ARITH):  # GUESS maps inside load_environment, ARITH when its datasets are built
+        env = AgentEnv(VerifiersV0Adapter(source=source))
+        try:
+            env.reset(options={"index": 0})
+        finally:
+            env.close()
+    out, err = capfd.readouterr()
+    assert "Map" not in out + err
+    assert datasets.are_progress_bars_disabled() == before
+    datasets.disable_progress_bars()  # a user who turned them off keeps them off
+    try:
+        VerifiersV0Adapter(source=GUESS)
+        assert datasets.are_progress_bars_disabled()
+    finally:
+        if not before:
+            datasets.enable_progress_bars()
+
+
 def test_construction_off_the_main_thread():
     out: dict[str, Any] = {}
     before = signal.signal

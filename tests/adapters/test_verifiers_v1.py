@@ -384,6 +384,36 @@ def test_http_transport_gives_the_same_rewards(arith_rewards: dict) -> None:
     assert (reward, terminated, info["stop_condition"]) == (arith_rewards[1][0], True, "agent_completed")
 
 
+def test_the_handoff_serves_calls_in_order_one_at_a_time() -> None:
+    """The object where the library's model calls meet the agent's actions, on its own."""
+    from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
+    from openenv_gym.errors import BackendError
+
+    async def scenario() -> None:
+        handoff, router = Handoff(), CallRouter()
+        router.bind("trace-1", handoff)
+        first = asyncio.ensure_future(router.answer({"n": 1}, "trace-1"))  # the library's side
+        second = asyncio.ensure_future(handoff.ask({"n": 2}))
+        rollout = asyncio.get_running_loop().create_future()
+        assert (await handoff.next_call(rollout)).body == {"n": 1}
+        handoff.take().reply({"answer": 1})
+        assert await first == {"answer": 1}
+        with pytest.raises(BackendError, match="no pending model call"):
+            handoff.take()
+        assert (await handoff.next_call(rollout)).body == {"n": 2}
+        handoff.close()  # the episode closes: the library's waiting call is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        rollout.set_result(None)  # the rollout ended instead of calling again
+        assert await handoff.next_call(rollout) is None
+        router.unbind("trace-1", handoff)
+        with pytest.raises(Exception, match="no live openenv_gym episode") as info:
+            await router.answer({"n": 3}, "trace-1")
+        assert getattr(info.value, "status_code", None) == 409  # the harness must not retry it
+
+    asyncio.run(scenario())
+
+
 # -- configuration and version gating (no processes) ---------------------------------------------
 
 def _package(tmp_path: Path, name: str, body: str, pyproject: str | None = None) -> Path:
@@ -444,16 +474,24 @@ def test_bad_arguments() -> None:
         runtime.run_sync(adapter.start(), 60)
 
 
+def _resolve_source(source: Path) -> tuple[Path, str]:
+    """(import root, module) of a source, as the v1 adapter resolves it (the shared resolver)."""
+    from openenv_gym.importers.verifiers import resolve_source
+
+    found = resolve_source(source, noun="taskset")
+    return found.root, found.module
+
+
 def test_source_layouts(tmp_path: Path) -> None:
     """A package folder, a module file, or a project folder holding the module under its name."""
     project = tmp_path / "my-env"
     (project / "my_env").mkdir(parents=True)
     (project / "my_env" / "__init__.py").write_text("")
-    assert v1mod._resolve_source(project) == (project.resolve(), "my_env")
-    assert v1mod._resolve_source(project / "my_env") == (project.resolve(), "my_env")
+    assert _resolve_source(project) == (project.resolve(), "my_env")
+    assert _resolve_source(project / "my_env") == (project.resolve(), "my_env")
     (tmp_path / "flat.py").write_text("")
-    assert v1mod._resolve_source(tmp_path / "flat.py") == (tmp_path.resolve(), "flat")
+    assert _resolve_source(tmp_path / "flat.py") == (tmp_path.resolve(), "flat")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigurationError, match="cannot tell the taskset module"):
-        v1mod._resolve_source(tmp_path / "empty")
+        _resolve_source(tmp_path / "empty")
     assert VerifiersV1Adapter(source=project).env_id == "my_env"

@@ -13,9 +13,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from openenv_gym.errors import DetectionError
+from openenv_gym.errors import AmbiguousSource, ConfigurationError, DetectionError, SourceNotFound
 from openenv_gym.importers import detect
-from openenv_gym.importers.verifiers import detect_verifiers, discover_installed
+from openenv_gym.importers.verifiers import detect_verifiers, discover_installed, resolve_source
 
 V0 = """
 import verifiers as vf
@@ -101,6 +101,59 @@ def test_not_an_environment(tmp_path):
         detect_verifiers(tmp_path / "plain.py")
 
 
+def _where(source: Path) -> tuple[Path, str, str, bool]:
+    found = resolve_source(source)
+    return found.root, found.module, found.file.name, found.package
+
+
+def test_resolve_source_accepts_every_layout_any_caller_took(tmp_path):
+    """One resolver for the importer and both adapters: the union of the layouts each accepted."""
+    root = tmp_path.resolve()
+    write(tmp_path, {
+        "flat.py": "",                                   # a module file (all three)
+        "pkg/__init__.py": "",                           # a package folder (all three)
+        "my-env/my_env.py": V0,                          # upstream project layout (v0, v1, importer)
+        "my-proj/my_proj/__init__.py": "",               # `prime env init` layout (v1)
+        "single/environment.py": V0,                     # one module under another name (v0)
+        "single/tests/test_it.py": "",
+        "several/helpers.py": "x = 1\n",                 # several modules, one environment (importer)
+        "several/the_env.py": V0,
+        "several/_private.py": V0,
+    })
+    assert _where(tmp_path / "flat.py") == (root, "flat", "flat.py", False)
+    assert _where(tmp_path / "pkg") == (root, "pkg", "__init__.py", True)
+    assert _where(tmp_path / "pkg" / "__init__.py") == (root, "pkg", "__init__.py", True)
+    assert _where(tmp_path / "my-env") == (root / "my-env", "my_env", "my_env.py", False)
+    assert _where(tmp_path / "my-proj") == (root / "my-proj", "my_proj", "__init__.py", True)
+    assert _where(tmp_path / "single") == (root / "single", "environment", "environment.py", False)
+    assert _where(tmp_path / "several") == (root / "several", "the_env", "the_env.py", False)
+    assert detect_verifiers(tmp_path / "several").module == "the_env"
+
+
+def test_resolve_source_errors_say_what_was_looked_for(tmp_path):
+    write(tmp_path, {"two/a.py": V0, "two/b.py": V0, "none/a.py": "x = 1\n", "none/b.py": "y = 2\n",
+                     "notes.txt": "", "bad-name/__init__.py": ""})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceNotFound, match="does not exist"):
+        resolve_source(tmp_path / "missing")
+    with pytest.raises(AmbiguousSource, match=r"several Verifiers environments \(a, b\)"):
+        resolve_source(tmp_path / "two")
+    with pytest.raises(DetectionError, match=r"cannot tell the taskset module .*found a, b"):
+        resolve_source(tmp_path / "none", noun="taskset")
+    with pytest.raises(DetectionError, match="cannot tell the environment module"):
+        resolve_source(tmp_path / "empty")
+    with pytest.raises(DetectionError, match="not a .py file"):
+        resolve_source(tmp_path / "notes.txt")
+    with pytest.raises(ConfigurationError, match="not importable"):
+        resolve_source(tmp_path / "bad-name")
+
+
+def test_a_package_reexporting_its_environment_is_still_detected(tmp_path):
+    """Detection looks one level down when a folder's own module is no environment."""
+    write(tmp_path, {"vf_pkg/__init__.py": "from .env import load_environment\n", "vf_pkg/env.py": V0})
+    assert detect_verifiers(tmp_path / "vf_pkg").generation == "v0"
+
+
 def _install(site: Path, name: str, module: str, source: str, requires: str | None) -> None:
     """A minimal installed distribution: module file + dist-info with METADATA and RECORD."""
     (site / f"{module}.py").write_text(textwrap.dedent(source))
@@ -154,7 +207,8 @@ def test_discovered_packages_are_registered_on_import(tmp_path, monkeypatch):
     ids = register_verifiers_packages()
     assert "openenv/vf-arith-v0" in ids
     spec = gym.registry["openenv/vf-arith-v0"]
-    assert spec.kwargs == {"env_id": "vf_arith", "generation": "v0"}
-    assert spec.entry_point == "openenv_gym.adapters.verifiers:make_env"
-    assert spec.vector_entry_point == "openenv_gym.adapters.verifiers:make_vec"
+    assert spec.kwargs == {"adapter": "openenv_gym.adapters.verifiers:adapter_spec", "env_id": "vf_arith",
+                           "generation": "v0"}
+    assert spec.entry_point == "openenv_gym.registration:make_env"
+    assert spec.vector_entry_point == "openenv_gym.registration:make_vec"
     del gym.registry["openenv/vf-arith-v0"]

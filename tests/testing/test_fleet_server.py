@@ -398,8 +398,8 @@ def test_server_dies_with_its_parent() -> None:
 
 def test_foreground_cli_prints_url_and_key() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openenv_gym.testing.fleet", "--port", "0", "--api-key", "cli-key"],
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "openenv_gym.testing.fleet", "--port", "0"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "FLEET_TEST_SERVER_API_KEY": "cli-key"},
     )
     try:
         first = proc.stdout.readline()
@@ -410,3 +410,92 @@ def test_foreground_cli_prints_url_and_key() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+# --------------------------------------------------------------------------- hardening
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+def test_the_api_key_is_never_on_the_command_line() -> None:
+    """Any local user can read another process's argv (``ps``); the key travels in the environment."""
+    server = FleetTestServer(api_key=API_KEY).start()
+    try:
+        assert API_KEY not in _cmdline(server.pid)
+        assert fleet.Fleet(api_key=API_KEY, base_url=server.url).account().team_id  # and it is the key in use
+    finally:
+        server.stop()
+    refused = subprocess.run(
+        [sys.executable, "-m", "openenv_gym.testing.fleet_server", "--api-key", API_KEY, "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert refused.returncode == 2 and "unrecognized arguments: --api-key" in refused.stderr
+
+
+def test_a_normal_episode_leaves_no_traceback_in_the_server_output() -> None:
+    """Ending a stateful MCP session (the client's DELETE) must not print mcp 1.x's teardown traceback."""
+    server = FleetTestServer(api_key=API_KEY).start()
+    try:
+        client = fleet.Fleet(api_key=API_KEY, base_url=server.url)
+        env = client.make("issues")
+        url = env.urls.root + "mcp"
+
+        async def episode() -> None:
+            async with mcp_session(url) as session:  # opens the standalone SSE stream, then DELETEs
+                await call(session, "create_issue", {"title": "Login fails"})
+                await asyncio.sleep(0.2)  # the standalone stream is open by now
+
+        asyncio.run(episode())
+        deadline = time.monotonic() + 10
+        while not any(r["method"] == "DELETE" and r["path"] == "/" + env.instance_id + "/mcp"
+                      for r in server.requests()):
+            assert time.monotonic() < deadline, "the client never ended its session"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the writer task's teardown runs just after the DELETE is answered
+        env.close()
+        output = server.output_path.read_text(errors="replace")
+    finally:
+        server.stop()
+    assert "Traceback" not in output and "ClosedResourceError" not in output, output[-2000:]
+
+
+def test_the_teardown_filter_keeps_every_other_error() -> None:
+    import logging
+
+    import anyio
+
+    from openenv_gym.testing.fleet_server import SessionTeardownFilter
+
+    def record(message: str, exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord(SessionTeardownFilter.LOGGER, logging.ERROR, __file__, 1, message, None,
+                                 (type(exc), exc, None))
+
+    keep = SessionTeardownFilter().filter
+    assert not keep(record("Error in standalone SSE writer", anyio.ClosedResourceError()))
+    assert not keep(record("Error in SSE writer", anyio.ClosedResourceError()))
+    assert keep(record("Error in standalone SSE writer", RuntimeError("boom")))
+    assert keep(record("Error in standalone SSE response", anyio.ClosedResourceError()))
+    assert keep(logging.LogRecord(SessionTeardownFilter.LOGGER, logging.ERROR, __file__, 1,
+                                  "Error in standalone SSE writer", None, None))
+
+
+def test_launcher_and_server_do_not_import_each_other() -> None:
+    """The server process imports the shared module, never the launcher (anywhere in its code)."""
+    import ast
+
+    import openenv_gym.testing.fleet_server as server_module
+
+    tree = ast.parse(Path(server_module.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    assert "openenv_gym.testing.fleet" not in imported
+    probe = ("import sys, openenv_gym.testing.fleet_server as s; "
+             "assert 'openenv_gym.testing.fleet' not in sys.modules; assert s.EXAMPLE_TASKS")
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
