@@ -3,7 +3,8 @@
 LLM envs are uneven (one step 5 ms, the next 5 s), so the loop never waits for the slowest
 sub-env: it sends actions, takes the first ``batch_size`` sub-envs to answer (``recv``), asks
 the policy for their next actions in one batch, and sends again. The vector env runs in
-SAME_STEP autoreset mode, so a finished sub-env's next episode starts in the same round trip.
+SAME_STEP autoreset mode, so a finished sub-env's next episode starts in the same round trip
+(send/recv and the autoreset modes: docs/architecture.md, "Vector envs").
 
 Each finished episode can be written as one JSON line (task, messages, actions, rewards); the
 summary reports episodes, mean reward, env-steps per second and step-latency percentiles.

@@ -2,14 +2,15 @@
 
 One :class:`MCPConnection` is one persistent streamable-HTTP MCP session: opened once per
 episode and reused for every tool call, because a call on an open session costs a few ms where
-connect + initialize + call + close costs 40-60 ms (reference/fleet.md §0.8).
+connect + initialize + call + close costs 40-60 ms (measured on loopback; the reconnect rules are
+in docs/backends.md, "MCP").
 
 The ``mcp`` package's transport and ``ClientSession`` are anyio context managers that must be
 entered and left by the same task, while our episodes are stepped from whichever task the runtime
 gives each call. So a background *owner task* holds the contexts open and the calls go through
 the session object, which any task of the loop may use.
 
-Written for mcp 1.x and 2.x at once (reference/fleet.md §2.4): the transport yields 2 or 3
+Written for mcp 1.x and 2.x at once (docs/backends.md, "MCP"): the transport yields 2 or 3
 streams, Python attribute names changed to snake_case in 2.x, so results are read by their wire
 names (``model_dump(by_alias=True)``), which both versions emit the same way.
 """
@@ -213,7 +214,7 @@ def _image_part(data: str, mime: str) -> dict[str, Any]:
 
 def _text_parts(text: str) -> list[dict[str, Any]]:
     # Computer-use tools on Fleet send screenshots as a text item holding JSON with a
-    # ``base64_image`` data URL (reference/fleet.md §2.3): show the image, keep the rest as text.
+    # ``base64_image`` data URL (docs/backends.md, "Fleet"): show the image, keep the rest as text.
     if '"base64_image"' in text:
         try:
             value = json.loads(text)

@@ -1,14 +1,15 @@
 """ContextManagement: the Fleet context tools, answered locally, for any AgentEnv.
 
 Long agent episodes outgrow a model's context window: tool outputs of hundreds of kilobytes
-(database dumps, web pages, minified JSON) and dozens of turns. The Fleet integration (OpenEnv
-PR #256, ``shared/reference/fleet.md`` §3.2) gives the agent five synthetic tools to cope with
+(database dumps, web pages, minified JSON) and dozens of turns. The Fleet integration written for
+OpenEnv (its pull request #256, not merged) gives the agent five synthetic tools to cope with
 that, which never reach the backend: ``check_context``, ``manage_context``, ``search_history``,
 ``search_tool_output`` and ``view_tool_output``. This module owns a Gymnasium wrapper that offers
-them over *any* environment that follows the package's contract (``shared/DESIGN.md`` §2): the
-observation is the list of new chat messages, the action an assistant message, ``info["tools"]``
-the OpenAI tool specs. Nothing in it depends on a backend, so ORS, Verifiers and Fleet envs get
-the same tools, and a trainer gets the same context semantics whatever it trains on.
+them over *any* environment that follows the package's contract (docs/architecture.md, "The
+Gymnasium contract"): the observation is the list of new chat messages, the action an assistant
+message, ``info["tools"]`` the OpenAI tool specs. Nothing in it depends on a backend, so ORS,
+Verifiers and Fleet envs get the same tools, and a trainer gets the same context semantics
+whatever it trains on.
 
 What the wrapper does, in short:
 
@@ -382,9 +383,31 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
     :meth:`reset` clears all of it. The task API stays on ``env.unwrapped`` as usual.
 
     Args:
-        env: an env following the openenv_gym contract (``AgentEnv`` or a wrapper of one).
-        max_output_chars: truncation limit of tool outputs and character budget of a page.
+        env: an env following the openenv_gym contract (``AgentEnv`` or a wrapper of one). Its
+            action space, if an :class:`~openenv_gym.spaces.AssistantAction`, is extended with
+            the five tools.
+        max_output_chars: truncation limit of tool outputs and character budget of a page
+            (default 10,000; ``None``: no truncation).
         max_local_calls: context-tool calls allowed per episode (``None``: unlimited).
+
+    Raises:
+        ConfigurationError: a bad ``max_output_chars`` or ``max_local_calls``, or an inner tool
+            named like one of the context tools.
+
+    Example:
+        >>> import gymnasium as gym, openenv_gym
+        >>> from openenv_gym.wrappers import ContextManagement
+        >>> env = ContextManagement(gym.make("openenv/Arithmetic-v0"), max_output_chars=2_000)
+        >>> obs, info = env.reset(seed=0)
+        >>> [t["function"]["name"] for t in info["tools"]][2:]   # after the env's calculator and submit
+        ['check_context', 'manage_context', 'search_history', 'search_tool_output', 'view_tool_output']
+        >>> call = {"id": "c1", "type": "function", "function": {"name": "check_context", "arguments": "{}"}}
+        >>> obs, reward, terminated, truncated, info = env.step({"role": "assistant", "tool_calls": [call]})
+        >>> obs[0]["name"], reward, terminated, truncated, info
+        ('check_context', 0.0, False, False, {'local_calls': [{'name': 'check_context', 'ok': True}]})
+        >>> len(env.full_history)   # the opening message, the action, the local answer
+        3
+        >>> env.close()
     """
 
     def __init__(
@@ -460,7 +483,18 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Reset the inner env and start a fresh conversation (history and stored outputs cleared)."""
+        """Reset the inner env and start a fresh conversation.
+
+        Args:
+            seed: passed to the inner env's ``reset``.
+            options: passed to the inner env's ``reset`` (``split``, ``index``, ``task``).
+
+        Returns:
+            ``(observation, info)`` of the inner env, with long tool outputs truncated and the
+            context tools appended to ``info["tools"]``. :attr:`history`,
+            :attr:`full_history`, the stored outputs and the context-tool call count start
+            afresh.
+        """
         obs, info = self.env.reset(seed=seed, options=options)
         self._clear()
         self._started = True
@@ -472,7 +506,24 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         return obs, info
 
     def step(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
-        """Answer context-tool calls locally and forward the rest to the inner env (see the class doc)."""
+        """Answer context-tool calls locally and forward the rest to the inner env.
+
+        Args:
+            action: assistant text or an OpenAI assistant message, as for the inner env; it may
+                call the context tools, the inner env's tools, or both.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``. With only context-tool
+            calls: their answers, reward ``0.0``, neither terminated nor truncated, and
+            ``info["local_calls"]``; the inner env is not stepped. Otherwise the inner env's
+            result, with the local answers interleaved in call order and
+            ``info["local_calls"]`` added. Over ``max_local_calls``: nothing runs, and the
+            step is truncated with ``info["error"]``. Details in the class docstring.
+
+        Raises:
+            EpisodeNotStarted: before :meth:`reset`.
+            EpisodeFinished: after the episode ended.
+        """
         if not self._started:
             raise EpisodeNotStarted("call reset() before step()")
         if self._done:
@@ -807,8 +858,12 @@ def _normalize(action: Any) -> _Action:
 def _json_args(arguments: Any) -> Any:
     """Arguments as OpenAI chat messages carry them: a JSON string."""
     if isinstance(arguments, dict):
-        # default=str: a numpy scalar in a trainer-built dict must not break the history copy.
-        return json.dumps(arguments, ensure_ascii=False, default=str)
+        # default=str: a numpy scalar in a trainer-built dict must not break the history copy;
+        # a dict no JSON can hold (too deep, odd keys) is recorded as unreadable, not raised.
+        try:
+            return json.dumps(arguments, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            return "<arguments that are not JSON>"
     return "{}" if arguments is None else arguments
 
 
