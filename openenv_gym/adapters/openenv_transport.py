@@ -1,0 +1,342 @@
+"""WebSocket and HTTP to one OpenEnv server, behind one error boundary.
+
+The OpenEnv episode logic (:mod:`openenv_gym.adapters.openenv`) never imports websockets or
+httpx: it asks an :class:`OpenEnvTransport` for a :class:`Channel` (one WebSocket to ``/ws``, which
+the server backs with one environment instance) and sends messages on it, or for a JSON answer of
+one of the server's HTTP routes (``/schema``, ``/metadata``, the task API, ``/mcp``). OpenEnv's own
+``EnvClient`` is not used: importing it imports the whole server stack (seconds), and 0.3.0 pairs a
+late reply with the next request (docs/backends.md).
+
+Foreign exceptions are translated in one place, :meth:`OpenEnvTransport.errors`, most specific
+first::
+
+    TimeoutError (a limit of ours)          -> BackendTimeout      names the limit that fired
+    websockets InvalidStatus 401/403        -> ConfigurationError  the server refused our headers
+    websockets InvalidStatus (other)        -> BackendUnavailable
+    websockets ConnectionClosed             -> BackendUnavailable  close code and reason
+    websockets InvalidHandshake, InvalidURI -> BackendUnavailable / ConfigurationError
+    msgspec.DecodeError                     -> ServerError         an unreadable answer
+    httpx.TimeoutException                  -> BackendTimeout
+    httpx.HTTPError, OSError                -> BackendUnavailable  says if a local server exited
+
+Error replies on the socket (``{"type": "error", "data": {"code", "message"}}``) are typed by
+:func:`reply_error`: ``VALIDATION_ERROR`` and ``INVALID_JSON`` are :class:`ActionRejected` (the
+episode turns them into a message for the agent), ``CAPACITY_REACHED`` is :class:`CapacityReached`
+(retried by the adapter), ``FACTORY_ERROR`` a :class:`~openenv_gym.errors.ProvisioningError`,
+``SESSION_ERROR`` a :class:`~openenv_gym.errors.BackendUnavailable`, the rest
+:class:`~openenv_gym.errors.ServerError`.
+
+A channel whose request failed midway (a timeout, a cancellation, a dropped connection) is closed
+at once and never used again: a late reply must not be read as the answer to the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import msgspec
+
+from openenv_gym.adapters.ors_transport import make_client
+from openenv_gym.errors import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    ConfigurationError,
+    ProvisioningError,
+    ServerError,
+)
+
+__all__ = ["OpenEnvTransport", "Channel", "ActionRejected", "CapacityReached", "reply_error", "split_url"]
+
+_encoder = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder(dict[str, Any]).decode
+
+MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+"""Largest message accepted from a server (OpenEnv's own client allows 100 MiB: observations may hold images)."""
+
+
+class ActionRejected(ServerError):
+    """The server refused a message's content (``VALIDATION_ERROR``, ``INVALID_JSON``): the agent's to fix."""
+
+    def __init__(self, message: str, code: str, errors: Any = None):
+        super().__init__(message)
+        self.code = code
+        self.errors = errors
+
+
+class CapacityReached(BackendUnavailable):
+    """The server already runs its ``max_concurrent_envs`` sessions (``CAPACITY_REACHED``)."""
+
+
+def _describe_errors(errors: Any) -> str:
+    """Pydantic's ``errors()`` list as ``field: message`` lines (input values left out: they are the agent's)."""
+    if not isinstance(errors, list):
+        return ""
+    lines = []
+    for err in errors[:10]:
+        if not isinstance(err, dict):
+            continue
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("data",))
+        lines.append(f"{loc or '(action)'}: {err.get('msg', '')}")
+    return "; ".join(lines)
+
+
+def reply_error(data: Any, what: str) -> BackendError:
+    """The typed error an OpenEnv ``error`` reply stands for."""
+    data = data if isinstance(data, dict) else {}
+    code = str(data.get("code", "")).upper()
+    message = str(data.get("message", "")) or "no message"
+    if code in ("VALIDATION_ERROR", "INVALID_JSON"):
+        detail = _describe_errors(data.get("errors"))
+        return ActionRejected(f"{message}: {detail}" if detail else message, code, data.get("errors"))
+    if code == "CAPACITY_REACHED":
+        return CapacityReached(f"{what}: the server is at capacity ({message})")
+    if code == "FACTORY_ERROR":
+        return ProvisioningError(f"{what}: the server could not create an environment ({message})")
+    if code == "SESSION_ERROR":
+        return BackendUnavailable(f"{what}: the server's session failed ({message})")
+    return ServerError(f"{what}: {code or 'error'}: {message}")
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(http base URL, WebSocket URL)`` of a server given as http(s)://, ws(s):// or ``unix:<path>``.
+
+    ``http://h:p`` gives ``("http://h:p", "ws://h:p/ws")``; ``ws://h:p/ws`` the same; a path
+    prefix (a server behind a reverse proxy) is kept. A Unix socket keeps its ``unix:`` URL for
+    HTTP and uses ``ws://localhost/ws`` as the WebSocket's request line.
+    """
+    if url.startswith("unix:"):
+        return url, "ws://localhost/ws"
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    http_scheme = {"http": "http", "ws": "http", "https": "https", "wss": "https"}.get(scheme)
+    if http_scheme is None or not parts.netloc:
+        raise ConfigurationError(f"url must be http(s)://, ws(s):// or unix:<path>, not {url[:80]!r}")
+    path = parts.path.rstrip("/")
+    if path.endswith("/ws"):
+        path = path[: -len("/ws")]
+    base = urlunsplit((http_scheme, parts.netloc, path, "", ""))
+    ws = urlunsplit(("wss" if http_scheme == "https" else "ws", parts.netloc, path + "/ws", parts.query, ""))
+    return base, ws
+
+
+class Channel:
+    """One WebSocket to ``/ws``: one environment instance on the server, one request at a time."""
+
+    def __init__(self, transport: OpenEnvTransport, ws: Any):
+        self._transport = transport
+        self._ws = ws
+        self.broken = False
+        self.replies = 0
+
+    @property
+    def usable(self) -> bool:
+        """Open, and no request ever failed on it (so no stray reply can be waiting)."""
+        return not self.broken and self._ws.state.name == "OPEN"
+
+    async def request(self, message: dict[str, Any], what: str, timeout: float | None) -> dict[str, Any]:
+        """Send ``message`` and return the ``data`` of its ``observation`` (or other) reply.
+
+        An ``error`` reply raises its typed error (:func:`reply_error`); the channel stays usable
+        after :class:`ActionRejected` (the server goes on with the session) and is closed after
+        any other failure.
+        """
+        if self.broken:
+            raise BackendUnavailable(f"{what}: the connection was closed after an earlier failure")
+        payload = _encoder.encode(message)
+        done = False
+        try:
+            async with self._transport.errors(what, read_limit=timeout):
+                await self._ws.send(payload, text=True)
+                async with asyncio.timeout(timeout):
+                    raw = await self._ws.recv(decode=False)
+                reply = _decode(raw)
+            done = True
+        finally:
+            if not done:
+                self.abort()
+        self.replies += 1
+        if reply.get("type") == "error":
+            error = reply_error(reply.get("data"), what)
+            if not isinstance(error, ActionRejected):
+                self.abort()
+            raise error
+        data = reply.get("data")
+        return data if isinstance(data, dict) else {}
+
+    def abort(self) -> None:
+        """Drop the connection now, without a closing handshake (it may be hung)."""
+        self.broken = True
+        transport = getattr(self._ws, "transport", None)
+        if transport is not None:
+            transport.abort()
+
+    async def aclose(self, timeout: float = 1.0) -> None:
+        """Say goodbye (``{"type": "close"}``) and close; never raises, never waits past ``timeout``."""
+        if self.broken:
+            return self.abort()
+        self.broken = True
+        try:
+            async with asyncio.timeout(timeout):
+                with contextlib.suppress(Exception):
+                    await self._ws.send('{"type":"close"}')
+                await self._ws.close()
+        except (TimeoutError, Exception):
+            self.abort()
+
+
+class OpenEnvTransport:
+    """WebSockets and HTTP requests to one OpenEnv server, every failure a typed error.
+
+    Args:
+        url: ``http(s)://``, ``ws(s)://`` or ``unix:<socket path>``.
+        headers: sent on every request and handshake (an API key, a local server's token): never
+            in messages.
+        connect_timeout: seconds to open a connection (TCP, TLS and the WebSocket handshake).
+        local: a server this process launched (no proxies from the environment).
+        exit_note: for a local server, a coroutine saying how its process exited (or ``""``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float | None = 300.0,
+        local: bool = False,
+        exit_note: Callable[[], Awaitable[str]] | None = None,
+    ):
+        self.url = url
+        self.http_url, self.ws_url = split_url(url)
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.local = local
+        self.closed = False
+        self._headers = dict(headers or {})
+        self._exit_note = exit_note
+        self._http = make_client(self.http_url, timeout=httpx.Timeout(connect_timeout, read=read_timeout),
+                                 headers=self._headers, local=local)
+
+    def shown_url(self) -> str:
+        """The server's address for messages (a query string, which may hold a key, left out)."""
+        return self.http_url
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._http.aclose()
+
+    # -- the one error boundary --------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def errors(self, what: str, *, read_limit: float | None = None) -> AsyncIterator[None]:
+        """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
+        from websockets import exceptions as wse
+
+        try:
+            yield
+        except BackendError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            raise BackendTimeout(
+                f"{what}: no answer from the OpenEnv server within read_timeout={read_limit} s "
+                "(the connection was closed)") from None
+        except wse.InvalidStatus as exc:
+            status = exc.response.status_code
+            if status in (401, 403):
+                raise ConfigurationError(
+                    f"{what}: the OpenEnv server at {self.shown_url()} refused the connection "
+                    f"(HTTP {status}); check headers=") from None
+            raise BackendUnavailable(
+                f"{what}: the OpenEnv server at {self.shown_url()} refused the WebSocket (HTTP {status})") from None
+        except wse.ConnectionClosed as exc:
+            reason = f"code {exc.rcvd.code}" + (f": {exc.rcvd.reason}" if exc.rcvd and exc.rcvd.reason else "") \
+                if exc.rcvd else "no close frame"
+            raise await self._unreachable(f"the connection closed ({reason})") from None
+        except wse.InvalidURI as exc:
+            raise ConfigurationError(f"{what}: not a WebSocket URL ({exc})") from None
+        except wse.InvalidHandshake as exc:
+            raise BackendUnavailable(f"{what}: the WebSocket handshake failed ({type(exc).__name__}: {exc})") from None
+        except msgspec.DecodeError as exc:
+            raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
+        except httpx.TimeoutException as exc:
+            raise BackendTimeout(f"{what}: no answer within read_timeout={read_limit} s ({type(exc).__name__})") from None
+        except (httpx.HTTPError, OSError) as exc:
+            raise await self._unreachable(f"{type(exc).__name__}: {exc}") from None
+        except RuntimeError as exc:
+            if self.closed and not isinstance(exc, RecursionError):
+                raise BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed") from None
+            raise
+
+    async def _unreachable(self, why: str) -> BackendUnavailable:
+        if self.closed:
+            return BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed")
+        message = f"the OpenEnv server at {self.shown_url()} cannot be reached ({why})"
+        if self._exit_note is not None:
+            message += await self._exit_note()
+        return BackendUnavailable(message)
+
+    # -- WebSocket -----------------------------------------------------------------------------------
+    async def open_channel(self) -> Channel:
+        """A new WebSocket to ``/ws`` (a new environment instance on the server)."""
+        from websockets.asyncio.client import connect, unix_connect
+
+        if self.closed:
+            raise BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed")
+        options: dict[str, Any] = dict(
+            additional_headers=self._headers or None, open_timeout=self.connect_timeout,
+            max_size=MAX_MESSAGE_BYTES, compression=None, close_timeout=1.0, user_agent_header=None,
+        )
+        async with self.errors("connect", read_limit=self.connect_timeout):
+            try:
+                if self.url.startswith("unix:"):
+                    ws = await unix_connect(self.url[len("unix:"):], self.ws_url, **options)
+                else:
+                    ws = await connect(self.ws_url, proxy=None if self.local else True, **options)
+            except TimeoutError:
+                raise BackendTimeout(
+                    f"could not connect to the OpenEnv server at {self.shown_url()} within "
+                    f"connect_timeout={self.connect_timeout} s") from None
+        return Channel(self, ws)
+
+    # -- HTTP ----------------------------------------------------------------------------------------
+    async def get_json(self, method: str, path: str, body: Any = None, *,
+                       missing: tuple[int, ...] = ()) -> Any:
+        """The JSON answer of an HTTP route; ``None`` for a status in ``missing`` (a route the server lacks).
+
+        400 is :class:`~openenv_gym.errors.TaskNotFound` for task routes (an index out of range),
+        other 4xx :class:`~openenv_gym.errors.ConfigurationError`, 5xx
+        :class:`~openenv_gym.errors.ServerError`.
+        """
+        from openenv_gym.errors import TaskNotFound
+
+        what = f"{method} {path}"
+        async with self.errors(what, read_limit=self.read_timeout):
+            content = _encoder.encode(body) if body is not None else None
+            response = await self._http.request(
+                method, path, content=content,
+                headers={"Content-Type": "application/json"} if content is not None else None)
+            status = response.status_code
+            if status in missing:
+                return None
+            if status >= 400:
+                detail = _detail(response)
+                if status >= 500:
+                    raise ServerError(f"{what}: HTTP {status}: {detail}")
+                if status == 400 and "index" in detail.lower():
+                    raise TaskNotFound(f"{what}: {detail}")
+                raise ConfigurationError(f"{what}: HTTP {status}: {detail}")
+            return msgspec.json.decode(response.content)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = msgspec.json.decode(response.content)
+        detail = detail.get("detail", detail) if isinstance(detail, dict) else detail
+    except msgspec.DecodeError:
+        detail = response.text[:200]
+    return detail if isinstance(detail, str) else msgspec.json.encode(detail).decode()[:500]

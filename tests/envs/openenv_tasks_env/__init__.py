@@ -1,0 +1,1 @@
+"""Test OpenEnv environment with the task API (splits, tasks), built with OpenEnv's create_app."""
