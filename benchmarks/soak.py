@@ -34,45 +34,13 @@ from typing import Any
 import gymnasium as gym
 
 import openenv_gym  # noqa: F401  (registers the ids)
-
-
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        return int(re.search(r"VmRSS:\s+(\d+)", fh.read()).group(1))
-
-
-def _descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root``."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == pid]
-        found += kids
-        frontier += kids
-    return found
+from openenv_gym.testing.procs import descendants, rss_kib
 
 
 def sample() -> dict[str, Any]:
-    me = os.getpid()
-    kids = _descendants(me)
-    rss = _rss_kib(me)
-    kids_rss = 0
-    for pid in kids:
-        try:
-            kids_rss += _rss_kib(pid)
-        except (OSError, AttributeError):
-            pass
+    kids = descendants()
+    rss = rss_kib(os.getpid())
+    kids_rss = sum(rss_kib(pid) for pid in kids)
     return {"t": time.monotonic(), "rss_mib": rss / 1024, "children_rss_mib": kids_rss / 1024,
             "fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
             "children": len(kids)}
@@ -94,7 +62,10 @@ def _act(obs: list[dict[str, Any]], turn: int) -> dict[str, Any]:
 
 
 def run(num_envs: int, seconds: float, warmup: float, every: float, batch: int) -> dict[str, Any]:
-    tmp_before = {p.name for p in Path(tempfile.gettempdir()).glob("openenv-gym*")}
+    # A private temp dir: what is left in it after close is ours, not another process's.
+    private = tempfile.mkdtemp(prefix="soak-")
+    os.environ["TMPDIR"], tempfile.tempdir = private, None
+    tmp_before: set[str] = set()
     envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=num_envs)
     samples: list[dict[str, Any]] = []
     steps = errors = episodes = 0
@@ -126,11 +97,13 @@ def run(num_envs: int, seconds: float, warmup: float, every: float, batch: int) 
                 next_sample += every
         elapsed = time.monotonic() - start
     finally:
-        before_close = _descendants(os.getpid())
+        before_close = descendants()
         envs.close()
     time.sleep(1.0)
-    left = [p for p in before_close if os.path.exists(f"/proc/{p}") and p in _descendants(os.getpid())]
-    tmp_after = {p.name for p in Path(tempfile.gettempdir()).glob("openenv-gym*")} - tmp_before
+    left = [p for p in before_close if p in descendants()]
+    tmp_after = {p.name for p in Path(private).iterdir()} - tmp_before
+    if not tmp_after:
+        os.rmdir(private)
     warm = [s for s in samples if s["t"] - samples[0]["t"] >= warmup] or samples
     first, last = warm[0], samples[-1]
     growth = {k: (last[k] - first[k]) / first[k] if first[k] else 0.0

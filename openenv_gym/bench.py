@@ -21,6 +21,7 @@ import gymnasium as gym
 import msgspec
 
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.testing.procs import descendants
 from openenv_gym.policies import RandomPolicy
 from openenv_gym.vector.base import info_at
 
@@ -52,20 +53,6 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
-def _children(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as fh:
-                kids = [int(x) for x in fh.read().split()]
-        except OSError:
-            kids = []
-        out.extend(kids)
-        todo.extend(kids)
-    return out
-
-
 def _ray_workers() -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
@@ -81,10 +68,10 @@ def _ray_workers() -> list[int]:
 
 def process_tree_pss_mib(include_ray: bool = False) -> float:
     """PSS (MiB) of this process, its descendants and, if asked, Ray's EnvHost workers."""
-    pids = {os.getpid(), *_children(os.getpid())}
+    pids = {os.getpid(), *descendants(os.getpid())}
     if include_ray:
         for pid in _ray_workers():
-            pids.update({pid, *_children(pid)})
+            pids.update({pid, *descendants(pid)})
     return sum(_pss_kib(p) for p in pids) / 1024
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from openenv_gym.testing import procs
+
 ENVS = Path(__file__).parent / "envs"
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
 # `import openenv_gym` registers the catalog: never let the suite read the user's own.
@@ -96,12 +98,5 @@ def private_catalog(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Alive and not a zombie (a zombie is dead for our purposes)."""
+    return procs.alive(pid)

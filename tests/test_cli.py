@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from openenv_gym.testing import procs
+
 from openenv_gym.cli import build_parser, main
 from openenv_gym.importers import DETECTORS
 
@@ -93,26 +95,10 @@ def test_other_mistakes_are_one_line_too(args, message, capsys, private_catalog)
 
 def _children(pid: int) -> list[int]:
     """Child processes of ``pid``, started from any of its threads (servers start off the main one)."""
-    kids = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as fh:
-                kids += [int(x) for x in fh.read().split()]
-        except OSError:
-            pass
-    return kids
+    return procs.children(pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][0] not in "ZX"
-    except OSError:
-        return False
+_alive = procs.alive
 
 
 @pytest.mark.parametrize("args", [

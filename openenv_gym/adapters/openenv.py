@@ -386,6 +386,10 @@ class OpenEnvAdapter(Adapter):
                     await transport.aclose()
                 await self._launch()
 
+    def server_died(self) -> bool:
+        """True if this adapter launched a local server that is no longer running."""
+        return self._server is not None and not self._server.alive()
+
     def server_pid(self) -> int | None:
         """PID of the local server process, if this adapter launched one."""
         return self._server.pid if self._server is not None else None
@@ -550,7 +554,14 @@ class OpenEnvEpisode(Episode):
     async def start(self, task: TaskRef) -> Opening:
         adapter = self.adapter
         await adapter.ensure_server()
-        channel, data = await adapter._open_session(adapter.reset_data(task))
+        try:
+            channel, data = await adapter._open_session(adapter.reset_data(task))
+        except BackendUnavailable:
+            if not adapter.server_died():
+                raise
+            # It died just now (its exit was not yet visible to ensure_server): relaunch once.
+            await adapter.ensure_server()
+            channel, data = await adapter._open_session(adapter.reset_data(task))
         self.channel = channel
         try:
             tools = await adapter._list_tools(channel) if adapter.mcp else await adapter.tools()

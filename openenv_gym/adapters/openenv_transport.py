@@ -152,7 +152,14 @@ class Channel:
         done = False
         try:
             async with self._transport.errors(what, read_limit=timeout):
-                await self._ws.send(payload, text=True)
+                from websockets.exceptions import ConnectionClosed
+
+                try:
+                    await self._ws.send(payload, text=True)
+                except ConnectionClosed:
+                    # A server refusing a session (CAPACITY_REACHED, FACTORY_ERROR) sends its error
+                    # and closes at once: the error is still queued, and recv returns it first.
+                    pass
                 async with asyncio.timeout(timeout):
                     raw = await self._ws.recv(decode=False)
                 reply = _decode(raw)
@@ -327,6 +334,9 @@ class OpenEnvTransport:
                 detail = _detail(response)
                 if status >= 500:
                     raise ServerError(f"{what}: HTTP {status}: {detail}")
+                if status in (401, 403):
+                    raise ConfigurationError(
+                        f"{what}: the OpenEnv server refused the request (HTTP {status}: {detail}); check headers=")
                 if status == 400 and "index" in detail.lower():
                     raise TaskNotFound(f"{what}: {detail}")
                 raise ConfigurationError(f"{what}: HTTP {status}: {detail}")

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym import runtime
+from openenv_gym.testing import procs
 from openenv_gym.actions import ParsedCall, Turn
 from openenv_gym.adapters import ors_local
 from openenv_gym.adapters.ors import ORSAdapter
@@ -56,20 +57,7 @@ def socket_dir(env: gym.Env) -> Path:
 
 def ors_serve_children() -> set[int]:
     """PIDs of the ORS servers this test process launched and that are still running."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"ors_serve" in cmdline:
-            found.add(int(entry))
-    return found
+    return {p for p in procs.children(os.getpid()) if "ors_serve" in procs.cmdline(p)}
 
 
 def tcp_listening_inodes() -> set[str]:

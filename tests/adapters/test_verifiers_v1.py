@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from openenv_gym.testing import procs
+
 from openenv_gym.adapters import verifiers_v1 as v1mod
 from openenv_gym.errors import ConfigurationError
 
@@ -128,29 +130,7 @@ def library_rewards(taskset: str, policy: Policy, indices: list[int], env_args: 
 
 def descendants(root: int | None = None) -> dict[int, str]:
     """Live (non-zombie) descendants of this process: pid -> command line."""
-    root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found: dict[int, str] = {}
-    stack = list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                found[pid] = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        stack += children.get(pid, [])
-    return found
+    return {pid: procs.cmdline(pid) for pid in procs.descendants(root)}
 
 
 def wait_gone(pids: set[int], timeout: float = 10.0) -> set[int]:

@@ -24,6 +24,7 @@ import gymnasium as gym
 import pytest
 
 import openenv_gym  # noqa: F401  (registers the ids)
+from openenv_gym.testing import procs
 from openenv_gym.errors import (
     BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeInterrupted,
 )
@@ -297,14 +298,6 @@ def test_two_threads_on_one_env_get_a_clear_error_not_a_corrupted_episode(probe_
     assert obs[0]["content"] == "Think step by step."
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_reset_racing_close_from_another_thread_leaves_no_server():
     for _ in range(3):
         env = gym.make("openenv/ORS-v0", **PROBE)
@@ -327,7 +320,7 @@ def test_reset_racing_close_from_another_thread_leaves_no_server():
         assert not worker.is_alive()
         assert outcome and (outcome[0] is None or isinstance(outcome[0], (ConfigurationError, ConnectionError))), outcome
         deadline = time.monotonic() + 10
-        while pid_alive(pid) and time.monotonic() < deadline:
+        while procs.alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not pid_alive(pid)
+        assert not procs.alive(pid)
         assert env.unwrapped.adapter.server_pid() is None

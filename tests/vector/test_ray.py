@@ -19,6 +19,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+
+from openenv_gym.testing import procs
 from gymnasium.vector import AutoresetMode
 
 ray = pytest.importorskip("ray")
@@ -73,35 +75,7 @@ def compare_infos(ours, theirs, n):
                 assert ours["final_info"]["turn"][i] == theirs["final_info"]["turn"][i]
 
 
-def children(pid):
-    """Child processes of ``pid``, whichever of its threads started them."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return kids
-
-
-def descendants(pid):
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out.extend(kids)
-        todo.extend(kids)
-    return out
-
-
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+children, descendants, cmdline = procs.children, procs.descendants, procs.cmdline
 
 
 def server_pids(actor_pid):

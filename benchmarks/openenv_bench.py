@@ -1,0 +1,187 @@
+"""openenv/OpenEnv-v0 against OpenEnv's own client, on the same server and the same actions.
+
+One OpenEnv server (the typed-action grid environment of ``tests/envs/openenv_grid_env``, built
+with OpenEnv's ``create_app``) runs under uvicorn on 127.0.0.1; both sides play the same scripted
+episodes on it: ``reset``, then RIGHT, RIGHT, DOWN, DOWN (the goal: ``done``).
+
+* **single**: ``gym.make("openenv/OpenEnv-v0", url=...)`` vs OpenEnv's ``GenericEnvClient`` used
+  synchronously (0.10.0 clients block when no event loop runs), env-steps/s.
+* **vector**: ``gym.make_vec(..., num_envs=64)`` (ConcurrentVectorEnv, SAME_STEP autoreset, so every
+  vector step is 64 real env steps) vs 64 ``GenericEnvClient``s used asynchronously and gathered on
+  one event loop, env-steps/s.
+
+The two sides alternate in rounds (the machine is shared and noisy); reported: the median of the
+per-round ratios (ours / OpenEnv's) with their min and max.
+
+    python benchmarks/openenv_bench.py [--episodes 100] [--vector-episodes 10] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import httpx
+
+import openenv_gym  # noqa: F401
+
+ENVS = Path(__file__).resolve().parent.parent / "tests" / "envs"
+MOVES = ["RIGHT", "RIGHT", "DOWN", "DOWN"]
+NUM_ENVS = 64
+
+
+def _call(move: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "step", "arguments": json.dumps({"move": move})}}]}
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MAX_CONCURRENT_ENVS=str(4 * NUM_ENVS), ENABLE_WEB_INTERFACE="false")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "openenv_grid_env.server.app:app", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=str(ENVS), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the OpenEnv server did not start")
+
+
+# -- single env ------------------------------------------------------------------------------------
+def gym_single(env: gym.Env, episodes: int) -> float:
+    steps = 0
+    start = time.perf_counter()
+    for _ in range(episodes):
+        env.reset()
+        for move in MOVES:
+            _, _, terminated, _, _ = env.step(_call(move))
+            steps += 1
+        assert terminated
+    return steps / (time.perf_counter() - start)
+
+
+def openenv_single(client, episodes: int) -> float:
+    steps = 0
+    start = time.perf_counter()
+    for _ in range(episodes):
+        client.reset()
+        for move in MOVES:
+            result = client.step({"move": move})
+            steps += 1
+        assert result.done
+    return steps / (time.perf_counter() - start)
+
+
+# -- 64 sub-envs -------------------------------------------------------------------------------------
+def gym_vector(envs, episodes: int) -> float:
+    envs.reset()
+    actions = {m: [_call(m)] * NUM_ENVS for m in MOVES}
+    steps = 0
+    start = time.perf_counter()
+    for _ in range(episodes):
+        for move in MOVES:
+            _, _, terminated, truncated, infos = envs.step(actions[move])
+            assert "error" not in infos, infos.get("error")
+            steps += NUM_ENVS
+        assert terminated.all()
+    return steps / (time.perf_counter() - start)
+
+
+async def openenv_vector(url: str, episodes: int) -> float:
+    from openenv.core.generic_client import GenericEnvClient
+
+    clients = [GenericEnvClient(base_url=url) for _ in range(NUM_ENVS)]
+    await asyncio.gather(*(c.connect() for c in clients))
+
+    async def play(client) -> int:
+        steps = 0
+        for _ in range(episodes):
+            await client.reset()
+            for move in MOVES:
+                result = await client.step({"move": move})
+                steps += 1
+            assert result.done
+        return steps
+
+    try:
+        await asyncio.gather(*(c.reset() for c in clients))  # warm: every session exists
+        start = time.perf_counter()
+        steps = sum(await asyncio.gather(*(play(c) for c in clients)))
+        return steps / (time.perf_counter() - start)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+def summary(name: str, ours: list[float], theirs: list[float]) -> dict:
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    out = {"case": name, "ours_steps_per_s": statistics.median(ours), "openenv_steps_per_s": statistics.median(theirs),
+           "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "rounds": len(ratios)}
+    print(f"{name:<8} openenv_gym {out['ours_steps_per_s']:8.1f} steps/s   OpenEnv client "
+          f"{out['openenv_steps_per_s']:8.1f} steps/s   ratio median {out['ratio_median']:.2f} "
+          f"(min {out['ratio_min']:.2f}, max {out['ratio_max']:.2f}, {len(ratios)} rounds)", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=100, help="episodes per round, single env")
+    parser.add_argument("--vector-episodes", type=int, default=10, help="episodes per sub-env per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    from openenv.core.generic_client import GenericEnvClient
+
+    proc, url = start_server()
+    results = []
+    try:
+        env = gym.make("openenv/OpenEnv-v0", url=url)
+        client = GenericEnvClient(base_url=url)
+        gym_single(env, 5), openenv_single(client, 5)  # warm-up
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            ours.append(gym_single(env, args.episodes))
+            theirs.append(openenv_single(client, args.episodes))
+        client.close()
+        env.close()
+        results.append(summary("single", ours, theirs))
+
+        envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=NUM_ENVS, url=url, autoreset_mode="SameStep")
+        gym_vector(envs, 1)
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            ours.append(gym_vector(envs, args.vector_episodes))
+            theirs.append(asyncio.run(openenv_vector(url, args.vector_episodes)))
+        envs.close()
+        results.append(summary(f"vec{NUM_ENVS}", ours, theirs))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,483 @@
+"""openenv/OpenEnv-v0 against real OpenEnv servers on 127.0.0.1, built with OpenEnv's own create_app.
+
+The servers are the test environments in ``tests/envs``: ``openenv_grid_env`` (a typed action),
+``openenv_echo_env`` (MCP tools) and ``openenv_tasks_env`` (the task API), run by uvicorn (``url=``)
+or launched by the adapter (``source=``). Rewards are compared with what OpenEnv's own
+``GenericEnvClient`` gets on the same server for the same actions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import httpx
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import openenv_gym  # noqa: F401  (registers the ids)
+from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError, TaskNotFound
+
+from conftest import ENVS, free_port, pid_alive  # noqa: E402
+
+pytest.importorskip("openenv")
+pytestmark = pytest.mark.timeout(240)
+
+GRID = ENVS / "openenv_grid_env"
+ECHO = ENVS / "openenv_echo_env"
+TASKS = ENVS / "openenv_tasks_env"
+
+
+class Uvicorn:
+    """``uvicorn <pkg>.server.app:app`` on 127.0.0.1, started and stopped by PID."""
+
+    def __init__(self, package: str, sessions: int = 8, port: int | None = None, extra_env: dict | None = None):
+        self.package, self.sessions = package, sessions
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, MAX_CONCURRENT_ENVS=str(sessions), ENABLE_WEB_INTERFACE="false", **(extra_env or {}))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", f"{package}.server.app:app", "--host", "127.0.0.1",
+             "--port", str(self.port), "--log-level", "warning"],
+            cwd=str(ENVS), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def wait(self, timeout: float = 90.0) -> Uvicorn:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.package} server exited with {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.package} server not healthy within {timeout} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Uvicorn]]:
+    started = {"grid": Uvicorn("openenv_grid_env", sessions=16), "echo": Uvicorn("openenv_echo_env"),
+               "tasks": Uvicorn("openenv_tasks_env")}
+    try:
+        for server in started.values():
+            server.wait()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def call(name: str, **arguments) -> dict:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": f"call_{name}", "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def openenv_client(url: str):
+    from openenv.core.generic_client import GenericEnvClient
+
+    return GenericEnvClient(base_url=url)
+
+
+# -- full episodes, same rewards as OpenEnv's own client -----------------------------------------------
+
+GRID_MOVES = ["RIGHT", "UP", "RIGHT", "DOWN", "LEFT", "RIGHT", "DOWN"]
+
+
+def test_typed_env_plays_like_openenv_client(servers):
+    url = servers["grid"].url
+    client = openenv_client(url)
+    try:
+        client.reset()
+        theirs = [(r.reward, r.done) for r in (client.step({"move": m}) for m in GRID_MOVES)]
+    finally:
+        client.close()
+    env = gym.make("openenv/OpenEnv-v0", url=url)
+    try:
+        obs, info = env.reset(seed=1)
+        assert obs == [{"role": "user", "content": "x: 0\ny: 0\nmessage: Walk to (2, 2)."}]
+        (tool,) = info["tools"]
+        assert tool["function"]["name"] == "step"
+        params = tool["function"]["parameters"]
+        assert "metadata" not in params["properties"] and params["required"] == ["move"]
+        assert params["properties"]["move"]["enum"] == ["UP", "DOWN", "LEFT", "RIGHT", "STAY"]
+        ours = []
+        for move in GRID_MOVES:
+            obs, reward, terminated, truncated, info = env.step(call("step", move=move))
+            ours.append((reward, terminated))
+            assert not truncated
+        assert ours == [(pytest.approx(r if r is not None else 0.0), d) for r, d in theirs]
+        assert ours[-1] == (1.0, True)
+        assert obs[0]["role"] == "tool" and "You found the goal!" in obs[0]["content"]
+        assert info["observation"]["x"] == 2 and info["metadata"] == {"steps": len(GRID_MOVES)}
+    finally:
+        env.close()
+
+
+def test_mcp_env_plays_like_openenv_client(servers):
+    url = servers["echo"].url
+    actions = [("echo", {"message": "hi"}), ("guess", {"number": 1}), ("guess", {"number": 9}),
+               ("guess", {"number": 3})]
+    client = openenv_client(url)
+    try:
+        client.reset(seed=3)
+        theirs = [client.step({"type": "call_tool", "tool_name": n, "arguments": a}) for n, a in actions]
+    finally:
+        client.close()
+    env = gym.make("openenv/OpenEnv-v0", url=url)
+    try:
+        obs, info = env.reset(options={"index": 3})  # without the task API, task i is the server's seed i
+        assert sorted(t["function"]["name"] for t in info["tools"]) == ["echo", "fail", "guess"]
+        guess = next(t for t in info["tools"] if t["function"]["name"] == "guess")
+        assert guess["function"]["parameters"]["properties"]["number"]["type"] == "integer"
+        assert info["metadata"]["hint"] == "guess a digit"
+        results = [env.step(call(n, **a)) for n, a in actions]
+        assert [r[1] for r in results] == [float(t.reward or 0.0) for t in theirs] == [0.0, 0.0, 0.0, 1.0]
+        assert [r[2] for r in results] == [t.done for t in theirs] == [False, False, False, True]
+        assert [r[0][0]["content"] for r in results] == ["hi", "too low", "too high", "correct"]
+    finally:
+        env.close()
+
+
+def test_mcp_tool_error_is_a_tool_message_and_the_episode_goes_on(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["echo"].url)
+    try:
+        env.reset(options={"index": 5})
+        obs, reward, terminated, truncated, info = env.step(call("fail", reason="boom"))
+        assert obs[0]["role"] == "tool" and obs[0]["content"].startswith("Error")
+        assert "failed on purpose: boom" in obs[0]["content"]
+        assert info["error"]["type"] == "ToolError" and (reward, terminated, truncated) == (0.0, False, False)
+        obs, reward, terminated, *_ = env.step(call("guess", number=5))
+        assert (obs[0]["content"], reward, terminated) == ("correct", 1.0, True)
+    finally:
+        env.close()
+
+
+def test_task_api_env_splits_tasks_and_rewards(servers):
+    url = servers["tasks"].url
+    env = gym.make("openenv/OpenEnv-v0", url=url)
+    try:
+        unwrapped = env.unwrapped
+        assert [(s.name, s.type) for s in unwrapped.splits()] == [("train", "train"), ("test", "test")]
+        assert unwrapped.num_tasks("train") == 5 and unwrapped.num_tasks("test") == 3
+        assert unwrapped.task("test", 2) == {"id": "test-2", "q": "20+1", "a": "21"}
+        obs, info = env.reset(options={"split": "test", "index": 2})
+        assert obs == [{"role": "user", "content": "Compute 20+1"}]
+        assert (info["split"], info["index"], info["task_id"]) == ("test", 2, "test/2")
+        ours = [env.step(call("step", answer=a))[1:3] for a in ("20", "21")]
+        with pytest.raises(TaskNotFound):
+            env.reset(options={"split": "test", "index": 3})
+        with pytest.raises(TaskNotFound):
+            env.reset(options={"split": "nosuch"})
+    finally:
+        env.close()
+    client = openenv_client(url)
+    try:
+        client.reset(split="test", index=2)
+        theirs = [(float(r.reward or 0.0), r.done) for r in (client.step({"answer": a}) for a in ("20", "21"))]
+    finally:
+        client.close()
+    assert ours == theirs == [(0.0, False), (1.0, True)]
+
+
+def test_seeded_resets_choose_the_same_task(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["tasks"].url)
+    try:
+        first = [env.reset(seed=s)[1]["task_id"] for s in (4, 5, 4)]
+        assert first[0] == first[2]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("name", ["grid", "echo", "tasks"])
+def test_check_env_passes(servers, name):
+    env = gym.make("openenv/OpenEnv-v0", url=servers[name].url, max_turns=5)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+
+
+# -- the agent's mistakes are messages -------------------------------------------------------------------
+
+def test_bad_actions_are_messages_and_the_episode_goes_on(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["grid"].url)
+    try:
+        env.reset()
+        bad = [
+            call("step", move="DIAGONAL"),  # VALIDATION_ERROR from the server
+            call("step", move="UP", speed=3),  # unexpected argument (additionalProperties: false)
+            call("jump"),  # unknown tool
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "step", "arguments": "{not json"}}]},
+            "just text",
+            call("step"),  # missing required argument
+        ]
+        for action in bad:
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert (reward, terminated, truncated) == (0.0, False, False), action
+            assert obs and obs[0]["role"] in ("tool", "user")
+        assert "rejected" in env.step(call("step", move="NORTH"))[0][0]["content"]
+        obs, reward, *_ = env.step(call("step", move="RIGHT"))
+        assert reward == pytest.approx(-0.1) and "x: 1" in obs[0]["content"]
+    finally:
+        env.close()
+
+
+def test_calls_after_done_are_not_sent(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["echo"].url)
+    try:
+        env.reset(options={"index": 4})
+        action = {"role": "assistant", "tool_calls": [
+            {"id": "a", "function": {"name": "guess", "arguments": {"number": 4}}},
+            {"id": "b", "function": {"name": "guess", "arguments": {"number": 4}}}]}
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert (reward, terminated) == (1.0, True)
+        assert obs[1]["content"] == "Not run: the episode has already finished."
+    finally:
+        env.close()
+
+
+def test_max_turns_truncates(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["grid"].url, max_turns=2)
+    try:
+        env.reset()
+        assert env.step(call("step", move="LEFT"))[3] is False
+        _, _, terminated, truncated, _ = env.step(call("step", move="LEFT"))
+        assert (terminated, truncated) == (False, True)
+    finally:
+        env.close()
+
+
+# -- headers, config -------------------------------------------------------------------------------------
+
+def test_headers_are_redacted_and_bad_kwargs_refused(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["grid"].url, headers={"X-Api-Key": "sekrit-123"})
+    try:
+        env.reset()
+        assert "sekrit-123" not in repr(env.spec) and "sekrit-123" not in env.spec.to_json()
+    finally:
+        env.close()
+    with pytest.raises(ConfigurationError, match="exactly one of url= .* or source="):
+        gym.make("openenv/OpenEnv-v0")
+    with pytest.raises(ConfigurationError, match="url must be"):
+        gym.make("openenv/OpenEnv-v0", url="ftp://127.0.0.1:1")
+    with pytest.raises(ConfigurationError, match="unknown keyword"):
+        gym.make("openenv/OpenEnv-v0", url=servers["grid"].url, max_concurent_envs=3)
+
+
+def test_ws_url_is_accepted(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["grid"].url.replace("http://", "ws://") + "/ws")
+    try:
+        env.reset()
+        assert env.step(call("step", move="DOWN"))[1] == pytest.approx(-0.1)
+    finally:
+        env.close()
+
+
+# -- infrastructure failures: typed errors in bounded time -----------------------------------------------
+
+def test_capacity_refusal_is_retried_then_says_how_to_raise_the_limit():
+    server = Uvicorn("openenv_grid_env", sessions=1).wait()
+    first = gym.make("openenv/OpenEnv-v0", url=server.url)
+    # Gymnasium 1.4's passive checker cannot follow a first reset that raised: leave it out.
+    second = gym.make("openenv/OpenEnv-v0", url=server.url, capacity_wait=1.0, disable_env_checker=True)
+    try:
+        first.reset()  # holds the server's only session
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="capacity.*max_concurrent_envs") as err:
+            second.reset()
+        assert time.monotonic() - start < 10
+        assert "CAPACITY" in str(err.value) or "capacity" in str(err.value)
+        first.close()  # frees the session: the retry now gets it
+        second.reset()
+        assert second.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
+    finally:
+        first.close()
+        second.close()
+        server.stop()
+
+
+def test_hung_server_times_out_and_the_socket_is_not_reused():
+    server = Uvicorn("openenv_grid_env").wait()
+    env = gym.make("openenv/OpenEnv-v0", url=server.url, read_timeout=1.0)
+    try:
+        env.reset()
+        os.kill(server.process.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout, match="read_timeout=1.0"):
+            env.step(call("step", move="RIGHT"))
+        assert time.monotonic() - start < 5
+        os.kill(server.process.pid, signal.SIGCONT)
+        obs, info = env.reset()  # a new socket: a late reply on the old one cannot be read as this one's
+        obs, reward, *_ = env.step(call("step", move="RIGHT"))
+        assert "x: 1" in obs[0]["content"]
+    finally:
+        env.close()
+        server.stop()
+
+
+def test_slow_step_times_out_naming_the_limit():
+    server = Uvicorn("openenv_grid_env", extra_env={"GRID_STAY_SECONDS": "3"}).wait()
+    env = gym.make("openenv/OpenEnv-v0", url=server.url, read_timeout=0.5)
+    try:
+        env.reset()
+        with pytest.raises(BackendTimeout, match="read_timeout=0.5"):
+            env.step(call("step", move="STAY"))
+        env.reset()
+        assert "x: 1" in env.step(call("step", move="RIGHT"))[0][0]["content"]
+    finally:
+        env.close()
+        server.stop()
+
+
+def test_killed_server_is_unavailable_and_a_dropped_socket_between_episodes_reconnects():
+    server = Uvicorn("openenv_grid_env").wait()
+    env = gym.make("openenv/OpenEnv-v0", url=server.url)
+    try:
+        env.reset()
+        for move in ("RIGHT", "RIGHT", "DOWN", "DOWN"):
+            env.step(call("step", move=move))  # the episode ends: its socket waits for the next one
+        server.stop()
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            env.reset()
+        assert time.monotonic() - start < 10
+        server = Uvicorn("openenv_grid_env", port=server.port).wait()
+        env.reset()  # the idle socket died with the old server: a new one is opened
+        assert env.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
+        os.kill(server.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            env.step(call("step", move="RIGHT"))
+        assert time.monotonic() - start < 10
+    finally:
+        env.close()
+        server.stop()
+
+
+def test_server_closing_the_socket_mid_episode(servers):
+    env = gym.make("openenv/OpenEnv-v0", url=servers["grid"].url)
+    try:
+        env.reset()
+        env.step(call("step", move="RIGHT"))
+        start = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="closed"):
+            env.step(call("step", move="DISCONNECT"))
+        assert time.monotonic() - start < 5
+        env.reset()
+        assert "x: 0" in env.step(call("step", move="UP"))[0][0]["content"]
+    finally:
+        env.close()
+
+
+# -- local sources -----------------------------------------------------------------------------------------
+
+def test_source_folder_is_served_privately_and_relaunched_after_a_kill():
+    env = gym.make("openenv/OpenEnv-v0", source=str(TASKS))
+    try:
+        adapter = env.unwrapped.adapter
+        pid = adapter.server_pid()
+        assert adapter.connection()["url"].startswith("unix:")
+        env.reset(options={"split": "train", "index": 3})
+        assert env.step(call("step", answer="6"))[1:3] == (1.0, True)
+        os.kill(pid, signal.SIGKILL)
+        env.reset(options={"split": "train", "index": 4})  # the dead server is relaunched
+        assert adapter.server_pid() != pid
+        assert env.step(call("step", answer="8"))[1:3] == (1.0, True)
+        pid = adapter.server_pid()
+    finally:
+        env.close()
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)
+
+
+def test_source_over_tcp_needs_the_token():
+    env = gym.make("openenv/OpenEnv-v0", source=str(GRID), listen="tcp")
+    try:
+        conn = env.unwrapped.adapter.connection()
+        assert conn["url"].startswith("http://127.0.0.1:") and "Authorization" in conn["headers"]
+        env.reset()
+        assert env.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            with pytest.raises(ConfigurationError, match="refused"):
+                gym.make("openenv/OpenEnv-v0", url=conn["url"], headers=headers)
+    finally:
+        env.close()
+
+
+def test_openenv_import_of_arithmetic_gives_the_same_rewards(tmp_path):
+    """The env made by OpenEnv's own `openenv import` from the bundled Arithmetic ORS source."""
+    import shutil
+
+    openenv_cli = Path(sys.executable).with_name("openenv")
+    if not openenv_cli.exists():
+        pytest.skip("the openenv CLI is not installed")
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(Path(openenv_gym.__file__).parent / "examples" / "arithmetic.py", src / "arithmetic.py")
+    subprocess.run([str(openenv_cli), "import", str(src), "--name", "arith_env", "--output-dir", str(tmp_path / "out")],
+                   check=True, capture_output=True, timeout=180)
+    imported = gym.make("openenv/OpenEnv-v0", source=str(tmp_path / "out" / "arith_env"))
+    direct = gym.make("openenv/Arithmetic-v0")
+    try:
+        assert [s.name for s in imported.unwrapped.splits()] == [s.name for s in direct.unwrapped.splits()]
+        for split, index, right in (("train", 0, True), ("train", 7, False), ("test", 3, True)):
+            task = direct.unwrapped.task(split, index)
+            assert imported.unwrapped.task(split, index) == task
+            oa, ia = imported.reset(options={"split": split, "index": index})
+            ob, ib = direct.reset(options={"split": split, "index": index})
+            assert oa == ob
+            assert "task_spec" not in json.dumps(oa) and "task_spec" in json.dumps(ia["metadata"])  # answers stay in info
+            assert sorted(t["function"]["name"] for t in ia["tools"]) == sorted(t["function"]["name"] for t in ib["tools"])
+            steps = [call("calculator", expression="1+1"), call("submit", answer=task["answer"] if right else "-1")]
+            for action in steps:
+                ra, rb = imported.step(action), direct.step(action)
+                assert ra[1:4] == rb[1:4]
+                assert ra[0][0]["content"] == rb[0][0]["content"]
+            assert ra[1] == (1.0 if right else 0.0) and ra[2] is True
+    finally:
+        imported.close()
+        direct.close()
+
+
+# -- vector envs -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["concurrent", "ray"])
+def test_vector_env_isolates_a_failing_sub_env(servers, backend):
+    options = {"num_actors": 1} if backend == "ray" else {"envs_per_client": 2}
+    envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, url=servers["grid"].url, backend=backend,
+                        vector_options=options)
+    try:
+        envs.reset(seed=0)
+        moves = ["RIGHT", "DISCONNECT", "DOWN", "RIGHT"]
+        obs, rewards, terminated, truncated, infos = envs.step([call("step", move=m) for m in moves])
+        assert truncated.tolist() == [False, True, False, False]
+        assert "error" in infos and infos["_error"].tolist() == [False, True, False, False]
+        assert rewards[[0, 2, 3]] == pytest.approx([-0.1] * 3)
+        # first-ready recv: results come back as they arrive, with their sub-env ids
+        envs.send([call("step", move="RIGHT")] * 4)
+        got = []
+        while len(got) < 4:
+            batch = envs.recv(batch_size=1, timeout=60)
+            got.extend(batch.env_ids.tolist() if hasattr(batch.env_ids, "tolist") else list(batch.env_ids))
+        assert sorted(got) == [0, 1, 2, 3]
+    finally:
+        envs.close()
