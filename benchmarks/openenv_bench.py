@@ -11,7 +11,10 @@ episodes on it: ``reset``, then RIGHT, RIGHT, DOWN, DOWN (the goal: ``done``).
   one event loop, env-steps/s.
 
 The two sides alternate in rounds (the machine is shared and noisy); reported: the median of the
-per-round ratios (ours / OpenEnv's) with their min and max.
+per-round ratios (ours / OpenEnv's) with their min and max, and each side's client CPU per env-step
+(this process's CPU time, every thread, over the env-steps; the server's is the same for both: same
+messages). CPU per step is the steadier figure on a shared machine: wall time also counts waiting
+for a core.
 
     python benchmarks/openenv_bench.py [--episodes 100] [--vector-episodes 10] [--rounds 5] [--json out.json]
 """
@@ -38,6 +41,21 @@ import openenv_gym  # noqa: F401
 ENVS = Path(__file__).resolve().parent.parent / "tests" / "envs"
 MOVES = ["RIGHT", "RIGHT", "DOWN", "DOWN"]
 NUM_ENVS = 64
+
+
+class Meter:
+    """Wall time and this process's CPU time (all threads) over a block of env-steps."""
+
+    def __enter__(self) -> Meter:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def result(self, steps: int) -> tuple[float, float]:
+        """(env-steps/s, client CPU microseconds per env-step)."""
+        return steps / self.wall, self.cpu / steps * 1e6
 
 
 def _call(move: str) -> dict:
@@ -67,46 +85,46 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 # -- single env ------------------------------------------------------------------------------------
-def gym_single(env: gym.Env, episodes: int) -> float:
+def gym_single(env: gym.Env, episodes: int) -> tuple[float, float]:
     steps = 0
-    start = time.perf_counter()
-    for _ in range(episodes):
-        env.reset()
-        for move in MOVES:
-            _, _, terminated, _, _ = env.step(_call(move))
-            steps += 1
-        assert terminated
-    return steps / (time.perf_counter() - start)
+    with Meter() as meter:
+        for _ in range(episodes):
+            env.reset()
+            for move in MOVES:
+                _, _, terminated, _, _ = env.step(_call(move))
+                steps += 1
+            assert terminated
+    return meter.result(steps)
 
 
-def openenv_single(client, episodes: int) -> float:
+def openenv_single(client, episodes: int) -> tuple[float, float]:
     steps = 0
-    start = time.perf_counter()
-    for _ in range(episodes):
-        client.reset()
-        for move in MOVES:
-            result = client.step({"move": move})
-            steps += 1
-        assert result.done
-    return steps / (time.perf_counter() - start)
+    with Meter() as meter:
+        for _ in range(episodes):
+            client.reset()
+            for move in MOVES:
+                result = client.step({"move": move})
+                steps += 1
+            assert result.done
+    return meter.result(steps)
 
 
 # -- 64 sub-envs -------------------------------------------------------------------------------------
-def gym_vector(envs, episodes: int) -> float:
+def gym_vector(envs, episodes: int) -> tuple[float, float]:
     envs.reset()
     actions = {m: [_call(m)] * NUM_ENVS for m in MOVES}
     steps = 0
-    start = time.perf_counter()
-    for _ in range(episodes):
-        for move in MOVES:
-            _, _, terminated, truncated, infos = envs.step(actions[move])
-            assert "error" not in infos, infos.get("error")
-            steps += NUM_ENVS
-        assert terminated.all()
-    return steps / (time.perf_counter() - start)
+    with Meter() as meter:
+        for _ in range(episodes):
+            for move in MOVES:
+                _, _, terminated, truncated, infos = envs.step(actions[move])
+                assert "error" not in infos, infos.get("error")
+                steps += NUM_ENVS
+            assert terminated.all()
+    return meter.result(steps)
 
 
-async def openenv_vector(url: str, episodes: int) -> float:
+async def openenv_vector(url: str, episodes: int) -> tuple[float, float]:
     from openenv.core.generic_client import GenericEnvClient
 
     clients = [GenericEnvClient(base_url=url) for _ in range(NUM_ENVS)]
@@ -124,21 +142,28 @@ async def openenv_vector(url: str, episodes: int) -> float:
 
     try:
         await asyncio.gather(*(c.reset() for c in clients))  # warm: every session exists
-        start = time.perf_counter()
-        steps = sum(await asyncio.gather(*(play(c) for c in clients)))
-        return steps / (time.perf_counter() - start)
+        with Meter() as meter:
+            steps = sum(await asyncio.gather(*(play(c) for c in clients)))
+        return meter.result(steps)
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 
-def summary(name: str, ours: list[float], theirs: list[float]) -> dict:
-    ratios = [a / b for a, b in zip(ours, theirs)]
-    out = {"case": name, "ours_steps_per_s": statistics.median(ours), "openenv_steps_per_s": statistics.median(theirs),
+def summary(name: str, ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> dict:
+    ratios = [a[0] / b[0] for a, b in zip(ours, theirs)]
+    cpu_ratios = [b[1] / a[1] for a, b in zip(ours, theirs)]  # > 1: ours costs less CPU per step
+    out = {"case": name, "ours_steps_per_s": statistics.median(r for r, _ in ours),
+           "openenv_steps_per_s": statistics.median(r for r, _ in theirs),
            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-           "rounds": len(ratios)}
+           "ours_cpu_us_per_step": statistics.median(c for _, c in ours),
+           "openenv_cpu_us_per_step": statistics.median(c for _, c in theirs),
+           "cpu_ratio_median": statistics.median(cpu_ratios), "rounds": len(ratios)}
     print(f"{name:<8} openenv_gym {out['ours_steps_per_s']:8.1f} steps/s   OpenEnv client "
           f"{out['openenv_steps_per_s']:8.1f} steps/s   ratio median {out['ratio_median']:.2f} "
           f"(min {out['ratio_min']:.2f}, max {out['ratio_max']:.2f}, {len(ratios)} rounds)", flush=True)
+    print(f"{'':<8} client CPU per env-step: openenv_gym {out['ours_cpu_us_per_step']:6.0f} us   OpenEnv client "
+          f"{out['openenv_cpu_us_per_step']:6.0f} us   OpenEnv's / ours median {out['cpu_ratio_median']:.2f}",
+          flush=True)
     return out
 
 

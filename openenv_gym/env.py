@@ -145,15 +145,61 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     ) -> tuple[list[Message], dict[str, Any]]:
         """Close the previous episode, pick a task and start a new episode.
 
-        ``options``: ``split`` (default: the env's split), ``index`` (a task index; without it the
-        index is drawn from ``np_random``, so the same seed gives the same task), or ``task`` (an
-        explicit task spec, for backends that accept one).
+        Args:
+            seed: reseeds ``np_random``, from which the task index is drawn: the same seed gives
+                the same task.
+            options: ``split`` (default: the env's split), ``index`` (a task index of that split;
+                overrides the seeded draw), or ``task`` (an explicit task spec of plain JSON, for
+                backends that accept one).
+
+        Returns:
+            ``(observation, info)``: the task's opening messages (OpenAI chat format), and an info
+            dict with ``tools`` (OpenAI tool specs), ``task_id``, ``split``, ``index`` and backend
+            metadata (``backend``, ``session_id``...). The task's answer is never in either.
+
+        Raises:
+            TaskNotFound: an unknown split or an index out of range.
+            ConfigurationError: an unknown option, or a task spec that is not JSON.
+            BackendUnavailable, BackendTimeout, ServerError: the backend failed (typed, bounded by
+                ``step_timeout``).
+
+        >>> env = gym.make("openenv/Arithmetic-v0")          # doctest: +SKIP
+        >>> obs, info = env.reset(seed=7)                    # doctest: +SKIP
+        >>> obs[0]["role"], [t["function"]["name"] for t in info["tools"]]   # doctest: +SKIP
+        ('user', ['calculator', 'submit'])
         """
         with self._one_caller("reset"):
             return self._run(self._areset(seed, options), "reset")
 
     def step(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
-        """Apply one assistant message and return the new messages, reward and episode status."""
+        """Apply one assistant action and return what it produced.
+
+        Args:
+            action: assistant text (``str``) or an OpenAI assistant message dict, optionally with
+                ``tool_calls`` (``arguments`` as a JSON string or a dict); several calls run in
+                order. Whatever a model writes is accepted: a malformed action (bad JSON, an
+                unknown tool, bad arguments, text where a tool call is needed) is answered with a
+                message saying what was wrong, reward 0, and the episode goes on.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)``: the **new** messages since this
+            action (tool results, the environment's replies), the float reward of this step
+            (never ``None``), whether the backend ended the episode, whether ``max_turns`` cut it,
+            and an info dict with ``turn``, ``calls`` (per tool call: ``ok``, ``reward``,
+            ``reason``...), ``tools`` when they changed, and ``error`` when a tool raised.
+
+        Raises:
+            InvalidAction: ``action`` is not an action at all (a set, bytes, an object).
+            EpisodeNotStarted, EpisodeFinished, EpisodeInterrupted: call :meth:`reset` first.
+            BackendUnavailable, BackendTimeout, ServerError: the backend failed; a step cut
+                short leaves the episode needing :meth:`reset`.
+
+        >>> obs, reward, terminated, truncated, info = env.step(       # doctest: +SKIP
+        ...     {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+        ...      "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'}}]})
+        >>> obs[0]["role"], obs[0]["content"], reward                   # doctest: +SKIP
+        ('tool', '4', 0.0)
+        """
         with self._one_caller("step"):
             self._check_open()
             self._session.check_steppable()

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from openenv_gym.vector import AgentVectorEnv
 
 __all__ = [
-    "NAMESPACE", "ADAPTERS", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS",
+    "NAMESPACE", "ADAPTERS", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS", "EXPECTED_SESSIONS",
     "make_env", "make_vec", "register_all", "list_environments", "env_info", "env_id", "check_id",
 ]
 
@@ -82,6 +82,11 @@ ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
 
 VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps")
 """Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
+
+EXPECTED_SESSIONS = "expected_sessions"
+"""Constructor parameter through which :func:`make_vec` tells an adapter how many sub-envs will
+run at once (its ``num_envs``), so that a server it launches allows that many sessions. Only an
+adapter whose constructor names it receives it; a value the caller passed wins."""
 
 # Entry points of earlier releases, which plugins may still name: the adapter each one built.
 _LEGACY_ENTRY_POINTS = {
@@ -153,7 +158,8 @@ def make_vec(
     ``max_episode_steps`` caps ``max_turns``; ``vector_options`` go to the backend's class
     (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
     ``render_mode`` is accepted for Gymnasium's sake; vector envs do not render. Every name is
-    checked before a server, client or actor starts.
+    checked before a server, client or actor starts. An adapter whose constructor takes
+    :data:`EXPECTED_SESSIONS` is told ``num_envs`` (an OpenEnv ``source`` sizes its server so).
     """
     from openenv_gym import vector
 
@@ -163,6 +169,8 @@ def make_vec(
         raise ConfigurationError(f"unknown vector backend {backend!r}{hint}; use one of {', '.join(vector.BACKENDS)}")
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs, also=VECTOR_KWARGS)
     env_kwargs.pop("render_mode", None)
+    if EXPECTED_SESSIONS in (accepted_kwargs(spec.target()) or ()):
+        spec.kwargs.setdefault(EXPECTED_SESSIONS, num_envs)
     if max_episode_steps is not None:
         turns = env_kwargs.get("max_turns")
         env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
@@ -263,7 +271,10 @@ def _catalog_kwargs(entry: Any) -> dict[str, Any]:
     if entry.kind == "openenv":
         from openenv_gym.importers.openenv import MANIFEST, read_manifest
 
-        manifest = read_manifest(Path(entry.source) / MANIFEST)
+        try:
+            manifest = read_manifest(Path(entry.source) / MANIFEST)
+        except (OSError, ValueError):  # a source moved or unreadable: making the env will say so
+            manifest = None
         return {"source": entry.source, **({"manifest": manifest} if manifest else {})}
     kwargs = {"source": entry.source}
     for key in ("env_class", "env_name", "module_file"):

@@ -29,7 +29,9 @@ Connections are pooled per adapter: an episode takes an idle socket (its environ
 reset for the new episode, as OpenEnv's own client does) or opens one; a socket that dropped
 between episodes is replaced; a socket whose request failed or was cancelled is closed, never
 reused. A local ``source`` (an environment folder or an installed environment package) is served
-privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.ors_local`).
+privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.ors_local`), with
+``MAX_CONCURRENT_ENVS`` high enough for the vector env asking (``expected_sessions``, which
+``gym.make_vec`` passes).
 """
 
 from __future__ import annotations
@@ -63,9 +65,14 @@ SEEDS = 2**31 - 1
 """Tasks in :data:`DEFAULT_SPLIT`: task ``i`` is the server's ``reset(seed=i)``."""
 
 DEFAULT_MAX_CONCURRENT_ENVS = 256
-"""``MAX_CONCURRENT_ENVS`` given to a launched ``source`` unless ``max_concurrent_envs`` says otherwise."""
+"""The least ``MAX_CONCURRENT_ENVS`` a launched ``source`` gets (unless ``max_concurrent_envs`` says
+otherwise); a vector env of more sub-envs gets a server sized for it (``expected_sessions``)."""
 
-_RESERVED = ("reward", "done", "metadata")
+# Servers this process launched, per (root, app, python, listen), with the MAX_CONCURRENT_ENVS
+# each was started with: an adapter shares a running one that allows the sessions it expects.
+_launched: dict[tuple[str, ...], list[tuple[int, ors_local.LocalServer]]] = {}
+
+_RESERVED = frozenset(("reward", "done", "metadata"))
 
 
 # -- what the agent sees -----------------------------------------------------------------------------
@@ -82,12 +89,12 @@ def observation_content(observation: dict[str, Any]) -> str:
     Empty fields (``None``, ``""``) are left out. A single text field is the text itself;
     otherwise one ``name: value`` line per field, text as text and anything else as JSON.
     """
-    fields = {k: v for k, v in observation.items() if k not in _RESERVED and v is not None and v != ""}
-    if len(fields) == 1:
-        (value,) = fields.values()
-        if isinstance(value, str):
-            return value
-    return "\n".join(f"{k}: {v if isinstance(v, str) else _json(v)}" for k, v in fields.items())
+    fields = [(k, v) for k, v in observation.items() if k not in _RESERVED and v is not None and v != ""]
+    if len(fields) == 1 and isinstance(fields[0][1], str):
+        return fields[0][1]
+    # An int's JSON is its str(): the common case (coordinates, counts) skips the encoder.
+    return "\n".join(f"{k}: {v if isinstance(v, str) else str(v) if type(v) is int else _json(v)}"
+                     for k, v in fields)
 
 
 def _blocks_content(blocks: list[Any]) -> str | list[dict[str, Any]]:
@@ -215,9 +222,14 @@ class OpenEnvAdapter(Adapter):
         python: the interpreter that serves ``source`` (default: this one).
         listen: how a ``source`` server listens: ``"unix"`` (default; a socket in a private
             directory) or ``"tcp"`` (127.0.0.1 with a random token).
-        max_concurrent_envs: ``MAX_CONCURRENT_ENVS`` for a launched ``source`` (default
-            :data:`DEFAULT_MAX_CONCURRENT_ENVS`); environments that read it (and support
-            concurrent sessions) accept that many sockets.
+        max_concurrent_envs: ``MAX_CONCURRENT_ENVS`` for a launched ``source``; environments that
+            read it (and support concurrent sessions) accept that many sockets. Default: enough
+            for ``expected_sessions``, at least :data:`DEFAULT_MAX_CONCURRENT_ENVS`.
+        expected_sessions: how many episodes will run at once over this adapter's server:
+            ``gym.make_vec`` passes its ``num_envs``. A launched ``source`` then allows at least
+            that many sessions: this adapter shares a running server of the same source that
+            does, and otherwise gets its own, sized for it (a server in use is never restarted
+            under its other users' episodes). Ignored with ``url=`` (size that server yourself).
         connect_timeout: seconds to open a connection.
         read_timeout: seconds to wait for one reply (a reset, a step); on expiry the socket is
             closed and :class:`~openenv_gym.errors.BackendTimeout` names this limit.
@@ -239,6 +251,7 @@ class OpenEnvAdapter(Adapter):
         python: str | None = None,
         listen: str = "unix",
         max_concurrent_envs: int | None = None,
+        expected_sessions: int | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float | None = 300.0,
         capacity_wait: float = 10.0,
@@ -252,8 +265,14 @@ class OpenEnvAdapter(Adapter):
                 "or installed environment package)")
         if listen not in ors_local.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {ors_local.LISTEN_MODES}, not {listen!r}")
-        if max_concurrent_envs is not None and (not isinstance(max_concurrent_envs, int) or max_concurrent_envs < 1):
-            raise ConfigurationError("max_concurrent_envs must be a positive integer")
+        for key, value in (("max_concurrent_envs", max_concurrent_envs), ("expected_sessions", expected_sessions)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigurationError(f"{key} must be a positive integer")
+        if (source is not None and max_concurrent_envs is not None and expected_sessions is not None
+                and max_concurrent_envs < expected_sessions):
+            raise ConfigurationError(
+                f"max_concurrent_envs={max_concurrent_envs} is fewer than the {expected_sessions} sub-envs "
+                "that will run at once; raise it, or leave it out to size the server for them")
         if headers is not None and not (isinstance(headers, dict)
                                         and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
             raise ConfigurationError("headers must be a dict of strings")
@@ -263,6 +282,9 @@ class OpenEnvAdapter(Adapter):
         self.python = python
         self.listen = listen
         self.max_concurrent_envs = max_concurrent_envs
+        self.expected_sessions = expected_sessions
+        self.sessions_limit: int | None = None
+        """``MAX_CONCURRENT_ENVS`` of the launched server this adapter uses (``None`` with ``url=``)."""
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.capacity_wait = capacity_wait
@@ -304,7 +326,8 @@ class OpenEnvAdapter(Adapter):
 
         assert self.source is not None
         found = resolve_source(self.source)
-        sessions = self.max_concurrent_envs or DEFAULT_MAX_CONCURRENT_ENVS
+        base = (found.root, found.app, self.python or "", self.listen)
+        sessions = self._sessions_for(base)
         server = await ors_local.acquire(
             found.root, found.app, found.name, python=self.python, startup_timeout=self.startup_timeout,
             listen=self.listen, app=found.app, label="OpenEnv server",
@@ -313,11 +336,32 @@ class OpenEnvAdapter(Adapter):
         if self._state is _State.CLOSED:  # closed while the server started: never leak it
             await asyncio.to_thread(ors_local.release, server)
             self._check_open()
-        self._server = server
+        launched = _launched.setdefault(base, [])
+        if not any(s is server for _, s in launched):
+            launched.append((sessions, server))
+        self._server, self.sessions_limit = server, sessions
         self.env_name = self.env_name or found.name
         self._transport = OpenEnvTransport(
             server.url, headers={**self._headers, **server.auth_headers()}, connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout, local=True, exit_note=self._exit_note)
+
+    def _sessions_for(self, base: tuple[str, ...]) -> int:
+        """``MAX_CONCURRENT_ENVS`` to launch (or find) this adapter's server with.
+
+        An explicit ``max_concurrent_envs`` is used as given. Otherwise the largest running server
+        of this source that allows ``expected_sessions`` is shared; if none does, a new one is sized
+        ``max(DEFAULT_MAX_CONCURRENT_ENVS, expected_sessions)``. A smaller server already in use
+        keeps running for its users: restarting it would end their episodes. The limit counts
+        the sessions of all a server's users together (sub-envs of vector envs sharing it, single
+        envs): more at once than that is ``CAPACITY_REACHED``, whose error says how to raise it.
+        """
+        if self.max_concurrent_envs is not None:
+            return self.max_concurrent_envs
+        need = self.expected_sessions or 1
+        running = [(limit, s) for limit, s in _launched.get(base, []) if s.users > 0 and s.alive()]
+        _launched[base] = running
+        fits = [limit for limit, _ in running if limit >= need]
+        return max(fits) if fits else max(DEFAULT_MAX_CONCURRENT_ENVS, need)
 
     async def _discover(self) -> None:
         transport = self._transport_()

@@ -7,8 +7,8 @@ one of the server's HTTP routes (``/schema``, ``/metadata``, the task API, ``/mc
 ``EnvClient`` is not used: importing it imports the whole server stack (seconds), and 0.3.0 pairs a
 late reply with the next request (docs/backends.md).
 
-Foreign exceptions are translated in one place, :meth:`OpenEnvTransport.errors`, most specific
-first::
+Foreign exceptions are translated in one place, :meth:`OpenEnvTransport.translate` (used by the
+:meth:`~OpenEnvTransport.errors` context and by a channel's request), most specific first::
 
     TimeoutError (a limit of ours)          -> BackendTimeout      names the limit that fired
     websockets InvalidStatus 401/403        -> ConfigurationError  the server refused our headers
@@ -129,9 +129,14 @@ class Channel:
     """One WebSocket to ``/ws``: one environment instance on the server, one request at a time."""
 
     def __init__(self, transport: OpenEnvTransport, ws: Any):
+        from websockets.exceptions import ConnectionClosed
+
         self._transport = transport
         self._ws = ws
+        self._closed_error = ConnectionClosed
+        self._loop = asyncio.get_running_loop()
         self.broken = False
+        self.timed_out = False
         self.replies = 0
 
     @property
@@ -149,24 +154,32 @@ class Channel:
         if self.broken:
             raise BackendUnavailable(f"{what}: the connection was closed after an earlier failure")
         payload = _encoder.encode(message)
-        done = False
+        ws = self._ws
+        # The hot path of every step, kept lean (it was most of the adapter's CPU per step): a
+        # plain try rather than the errors() context manager, and the read limit as one timer
+        # that drops the socket (its pending recv then fails) rather than an asyncio.timeout.
+        timer = self._loop.call_later(timeout, self._expire) if timeout is not None else None
         try:
-            async with self._transport.errors(what, read_limit=timeout):
-                from websockets.exceptions import ConnectionClosed
-
-                try:
-                    await self._ws.send(payload, text=True)
-                except ConnectionClosed:
-                    # A server refusing a session (CAPACITY_REACHED, FACTORY_ERROR) sends its error
-                    # and closes at once: the error is still queued, and recv returns it first.
-                    pass
-                async with asyncio.timeout(timeout):
-                    raw = await self._ws.recv(decode=False)
-                reply = _decode(raw)
-            done = True
+            try:
+                await ws.send(payload, text=True)
+            except self._closed_error:
+                # A server refusing a session (CAPACITY_REACHED, FACTORY_ERROR) sends its error
+                # and closes at once: the error is still queued, and recv returns it first.
+                if self.timed_out:
+                    raise
+            raw = await ws.recv(decode=False)
+            reply = _decode(raw)
+        except BaseException as exc:
+            self.abort()
+            if not isinstance(exc, Exception):
+                raise  # a cancellation: the socket is closed, the caller goes on cancelling
+            error = await self._transport.translate(TimeoutError() if self.timed_out else exc, what, timeout)
+            if error is exc:
+                raise
+            raise error from None
         finally:
-            if not done:
-                self.abort()
+            if timer is not None:
+                timer.cancel()
         self.replies += 1
         if reply.get("type") == "error":
             error = reply_error(reply.get("data"), what)
@@ -175,6 +188,11 @@ class Channel:
             raise error
         data = reply.get("data")
         return data if isinstance(data, dict) else {}
+
+    def _expire(self) -> None:
+        """The read limit passed: drop the connection, so the pending request fails as a timeout."""
+        self.timed_out = True
+        self.abort()
 
     def abort(self) -> None:
         """Drop the connection now, without a closing handshake (it may be hung)."""
@@ -242,42 +260,49 @@ class OpenEnvTransport:
     @contextlib.asynccontextmanager
     async def errors(self, what: str, *, read_limit: float | None = None) -> AsyncIterator[None]:
         """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
-        from websockets import exceptions as wse
-
         try:
             yield
-        except BackendError:
-            raise
-        except (TimeoutError, asyncio.TimeoutError):
-            raise BackendTimeout(
+        except Exception as exc:
+            error = await self.translate(exc, what, read_limit)
+            if error is exc:
+                raise
+            raise error from None
+
+    async def translate(self, exc: Exception, what: str, read_limit: float | None) -> Exception:
+        """The :mod:`openenv_gym.errors` error ``exc`` stands for (``exc`` itself if it is ours or unknown)."""
+        from websockets import exceptions as wse
+
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+            return BackendTimeout(
                 f"{what}: no answer from the OpenEnv server within read_timeout={read_limit} s "
-                "(the connection was closed)") from None
-        except wse.InvalidStatus as exc:
+                "(the connection was closed)")
+        if isinstance(exc, wse.InvalidStatus):
             status = exc.response.status_code
             if status in (401, 403):
-                raise ConfigurationError(
+                return ConfigurationError(
                     f"{what}: the OpenEnv server at {self.shown_url()} refused the connection "
-                    f"(HTTP {status}); check headers=") from None
-            raise BackendUnavailable(
-                f"{what}: the OpenEnv server at {self.shown_url()} refused the WebSocket (HTTP {status})") from None
-        except wse.ConnectionClosed as exc:
+                    f"(HTTP {status}); check headers=")
+            return BackendUnavailable(
+                f"{what}: the OpenEnv server at {self.shown_url()} refused the WebSocket (HTTP {status})")
+        if isinstance(exc, wse.ConnectionClosed):
             reason = f"code {exc.rcvd.code}" + (f": {exc.rcvd.reason}" if exc.rcvd and exc.rcvd.reason else "") \
                 if exc.rcvd else "no close frame"
-            raise await self._unreachable(f"the connection closed ({reason})") from None
-        except wse.InvalidURI as exc:
-            raise ConfigurationError(f"{what}: not a WebSocket URL ({exc})") from None
-        except wse.InvalidHandshake as exc:
-            raise BackendUnavailable(f"{what}: the WebSocket handshake failed ({type(exc).__name__}: {exc})") from None
-        except msgspec.DecodeError as exc:
-            raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
-        except httpx.TimeoutException as exc:
-            raise BackendTimeout(f"{what}: no answer within read_timeout={read_limit} s ({type(exc).__name__})") from None
-        except (httpx.HTTPError, OSError) as exc:
-            raise await self._unreachable(f"{type(exc).__name__}: {exc}") from None
-        except RuntimeError as exc:
-            if self.closed and not isinstance(exc, RecursionError):
-                raise BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed") from None
-            raise
+            return await self._unreachable(f"the connection closed ({reason})")
+        if isinstance(exc, wse.InvalidURI):
+            return ConfigurationError(f"{what}: not a WebSocket URL ({exc})")
+        if isinstance(exc, wse.InvalidHandshake):
+            return BackendUnavailable(f"{what}: the WebSocket handshake failed ({type(exc).__name__}: {exc})")
+        if isinstance(exc, msgspec.DecodeError):
+            return ServerError(f"{what}: the server sent an unreadable answer ({exc})")
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendTimeout(f"{what}: no answer within read_timeout={read_limit} s ({type(exc).__name__})")
+        if isinstance(exc, (httpx.HTTPError, OSError)):
+            return await self._unreachable(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, RuntimeError) and self.closed and not isinstance(exc, RecursionError):
+            return BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed")
+        return exc
 
     async def _unreachable(self, why: str) -> BackendUnavailable:
         if self.closed:

@@ -1,10 +1,12 @@
-"""Local ORS sources served by SDK servers in subprocesses, private to their user, shared within a process.
+"""Local sources served in subprocesses, private to their user, shared within a process.
 
-A local source (a file or folder defining an ``ors`` / ``openreward`` Environment class) is served
-by the SDK's own ``Server`` in a child process (:mod:`openenv_gym.adapters.ors_serve`). A
+A local ORS source (a file or folder defining an ``ors`` / ``openreward`` Environment class) is
+served by the SDK's own ``Server`` in a child process (:mod:`openenv_gym.adapters.ors_serve`). A
 subprocess rather than in-process serving because the SDK servers block their loop on sync tools,
 openreward's import takes seconds, and its pinned sse-starlette works on one event loop only
-(docs/backends.md).
+(docs/backends.md). OpenEnv environments are served the same way: :func:`acquire` with ``app=``
+runs the environment's ASGI app (``server.app:app``) under uvicorn, with the environment
+variables the adapter gives (``MAX_CONCURRENT_ENVS``; see :mod:`openenv_gym.adapters.openenv`).
 
 Nobody else on the machine may use these servers: ``/task`` holds the answers, and a session is
 an episode in progress. Each server therefore lives in its own private directory (``mkdtemp``,

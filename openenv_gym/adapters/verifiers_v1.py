@@ -126,7 +126,7 @@ class VerifiersV1Adapter(Adapter):
             ``step()``; a slow trainer ends the rollout: truncated, scored on what it did
             (verifiers 0.4 stops it as ``agent_timeout``; 0.3 records it as an error in
             ``info["error"]``). Unset stages take the task's own ``TaskData.timeout``, else no
-            limit. Note ``AgentEnv(timeout=...)`` separately bounds one reset/step call.
+            limit. Note ``step_timeout`` (of the env or vector env) separately bounds one reset/step call.
         runtime: ``"subprocess"`` (default; the harness runs as a child process of this one),
             ``"docker"``, a dict ``{"type": ...}`` or a verifiers ``RuntimeConfig``.
         model: the model name the library records on traces.

@@ -31,7 +31,7 @@ from openenv_gym.importers.openenv import detect_openenv, looks_like_openenv
 from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
 from openenv_gym.importers.verifiers import detect_verifiers, looks_like_verifiers
 
-__all__ = ["Detected", "DETECTORS", "detect", "import_source"]
+__all__ = ["Detected", "DETECTORS", "PRECEDENCE", "detect", "import_source"]
 
 class Detected(msgspec.Struct):
     """The one environment chosen from a source (``source`` is the resolved absolute path).
@@ -158,6 +158,11 @@ DETECTORS: dict[str, KindDetector] = {
     "openenv": KindDetector(looks_like_openenv, _detect_openenv),
 }
 
+PRECEDENCE: tuple[str, ...] = ("openenv",)
+"""Kinds whose signal is a manifest saying what serves the folder: when one matches, matches of
+other kinds are ignored. A folder ``openenv import`` made is both an OpenEnv environment and an
+ORS (or Verifiers) source, vendored inside it; its ``openenv.yaml`` says how it is served."""
+
 
 def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: str | None = None) -> Detected:
     """Statically find the environment class to serve from ``source`` (a file or a folder).
@@ -175,6 +180,7 @@ def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: s
             raise DetectionError(f"unsupported kind {kind!r}; supported kinds: {supported}")
         return DETECTORS[kind].detect(path, env_class)
     matching = [k for k, d in DETECTORS.items() if d.looks_like(path)]
+    matching = [k for k in matching if k in PRECEDENCE] or matching
     if len(matching) == 1:
         return DETECTORS[matching[0]].detect(path, env_class)
     if len(matching) > 1:

@@ -12,11 +12,10 @@ from typing import Any
 
 from openenv_gym.adapters.base import AdapterSpec
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.vector.base import AgentVectorEnv, Batch
 from openenv_gym.vector.concurrent import ConcurrentVectorEnv
 
-__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "make_entry", "BACKENDS"]
+__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "BACKENDS"]
 
 BACKENDS = ("concurrent", "ray")
 
@@ -34,38 +33,6 @@ def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", **
 
         return RayVectorEnv(num_envs, adapter, **kwargs)
     raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
-
-
-def make_entry(
-    adapter_entry: str,
-    num_envs: int = 1,
-    *,
-    backend: str = "concurrent",
-    max_episode_steps: int | None = None,
-    render_mode: str | None = None,
-    autoreset_mode: Any = None,
-    step_timeout: float | None = STEP_TIMEOUT,
-    vector_options: dict[str, Any] | None = None,
-    session_keys: tuple[str, ...] = ("split", "max_turns"),
-    **kwargs: Any,
-) -> AgentVectorEnv:
-    """The body of every adapter's Gymnasium ``vector_entry_point``.
-
-    ``kwargs`` are what ``gym.make`` takes: the ``session_keys`` (``split`` and ``max_turns``)
-    for each sub-env, the rest for the adapter (``"module:Class"`` ``adapter_entry``);
-    ``vector_options`` go to the backend (``envs_per_client``, ``max_in_flight``, ``num_actors``,
-    ``address``, ``runtime_env``...). ``render_mode`` is accepted for Gymnasium's sake; vector
-    envs do not render.
-    """
-    env_kwargs = {k: kwargs.pop(k) for k in session_keys if k in kwargs}
-    if max_episode_steps is not None:
-        turns = env_kwargs.get("max_turns")
-        env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
-    options: dict[str, Any] = dict(vector_options or {})
-    if autoreset_mode is not None:
-        options["autoreset_mode"] = autoreset_mode
-    return make(num_envs, AdapterSpec(adapter_entry, kwargs), backend=backend, step_timeout=step_timeout,
-                **env_kwargs, **options)
 
 
 def __getattr__(name: str) -> Any:

@@ -423,6 +423,42 @@ def test_source_over_tcp_needs_the_token():
         env.close()
 
 
+def test_a_vector_env_sizes_the_launched_server_and_leaves_a_smaller_one_alone(monkeypatch):
+    """MAX_CONCURRENT_ENVS follows the vector env asking (here more sub-envs than the default)."""
+    from openenv_gym.adapters import openenv as adapter_module
+
+    monkeypatch.setattr(adapter_module, "DEFAULT_MAX_CONCURRENT_ENVS", 2)
+    with pytest.raises(ConfigurationError, match="max_concurrent_envs=3 is fewer than the 5 sub-envs"):
+        gym.make_vec("openenv/OpenEnv-v0", num_envs=5, source=str(GRID), max_concurrent_envs=3)
+    single = gym.make("openenv/OpenEnv-v0", source=str(GRID), capacity_wait=1.0)
+    big = small = None
+    try:
+        single.reset()  # holds one of its server's 2 sessions
+        single_adapter = single.unwrapped.adapter
+        assert single_adapter.sessions_limit == 2
+        big = gym.make_vec("openenv/OpenEnv-v0", num_envs=5, source=str(GRID), capacity_wait=1.0,
+                           vector_options={"envs_per_client": 2})
+        big.reset(seed=0)  # 5 sessions at once: the 2-session server would refuse 3 of them
+        obs, rewards, terminated, truncated, infos = big.step([call("step", move="RIGHT")] * 5)
+        assert "error" not in infos and rewards.tolist() == pytest.approx([-0.1] * 5)
+        assert {a.sessions_limit for a in big._adapters} == {5}
+        big_pids = {a.server_pid() for a in big._adapters}
+        assert len(big_pids) == 1 and single_adapter.server_pid() not in big_pids
+        # the smaller server kept running under the single env's episode
+        assert single.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
+        # a later, smaller vector env shares the running server that allows it (and keeps it
+        # running when the bigger one closes)
+        small = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, source=str(GRID))
+        assert {a.server_pid() for a in small._adapters} == big_pids
+        big.close()
+        small.reset(seed=1)
+        assert small.step([call("step", move="DOWN")] * 3)[1].tolist() == pytest.approx([-0.1] * 3)
+    finally:
+        for env in (small, big, single):
+            if env is not None:
+                env.close()
+
+
 def test_openenv_import_of_arithmetic_gives_the_same_rewards(tmp_path):
     """The env made by OpenEnv's own `openenv import` from the bundled Arithmetic ORS source."""
     import shutil
@@ -435,6 +471,9 @@ def test_openenv_import_of_arithmetic_gives_the_same_rewards(tmp_path):
     shutil.copy(Path(openenv_gym.__file__).parent / "examples" / "arithmetic.py", src / "arithmetic.py")
     subprocess.run([str(openenv_cli), "import", str(src), "--name", "arith_env", "--output-dir", str(tmp_path / "out")],
                    check=True, capture_output=True, timeout=180)
+    from openenv_gym.importers import detect
+
+    assert detect(tmp_path / "out" / "arith_env").kind == "openenv"  # both kinds match; the manifest wins
     imported = gym.make("openenv/OpenEnv-v0", source=str(tmp_path / "out" / "arith_env"))
     direct = gym.make("openenv/Arithmetic-v0")
     try:

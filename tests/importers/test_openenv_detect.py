@@ -20,6 +20,7 @@ import openenv_gym  # noqa: F401
 from openenv_gym import cli
 from openenv_gym.errors import DetectionError, SourceNotFound
 from openenv_gym.importers import detect, import_source
+from openenv_gym.importers.ors import looks_like_ors
 from openenv_gym.importers.openenv import (
     discover_installed,
     looks_like_openenv,
@@ -42,6 +43,27 @@ def test_the_test_environments_are_detected():
         assert (found.kind, found.env_name, found.env_class, found.source) == ("openenv", name, app, str(path))
         served = resolve_source(path)
         assert (served.root, served.app) == (str(ENVS), app)  # a package: imported from its parent
+
+
+def test_a_folder_openenv_import_made_is_openenv_without_kind(tmp_path):
+    """``openenv import`` vendors an ORS source into an OpenEnv env: both kinds' signals are there,
+    and the manifest (how the folder is served) wins; ``--kind ors`` still picks the vendored class."""
+    pkg = tmp_path / "arith_env"
+    (pkg / "server").mkdir(parents=True)
+    (pkg / "vendor" / "arith").mkdir(parents=True)
+    shutil.copy(Path(openenv_gym.__file__).parent / "examples" / "arithmetic.py", pkg / "vendor" / "arith")
+    for init in ("__init__.py", "server/__init__.py", "vendor/__init__.py", "vendor/arith/__init__.py"):
+        (pkg / init).write_text("")
+    (pkg / "server" / "app.py").write_text(POISON)
+    (pkg / "models.py").write_text(POISON)
+    (pkg / "openenv.yaml").write_text(
+        "spec_version: 1\nname: arith_env\ntype: space\nruntime: fastapi\napp: server.app:app\nport: 8000\n")
+    assert looks_like_ors(pkg) and looks_like_openenv(pkg)
+    found = detect(pkg)
+    assert (found.kind, found.env_name, found.env_class) == ("openenv", "arith_env", "arith_env.server.app:app")
+    entry = import_source(pkg, "ImportedArith", catalog=tmp_path / "c.json")
+    assert (entry.kind, entry.source) == ("openenv", str(pkg))
+    assert detect(pkg, kind="ors").env_class == "Arithmetic"
 
 
 def test_a_folder_without_init_is_served_from_itself(tmp_path):

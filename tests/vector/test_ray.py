@@ -34,7 +34,7 @@ from conftest import pid_alive  # noqa: E402
 ARITH = "openenv/Arithmetic-v0"
 # No usage stats, no auth token file in $HOME, and loopback only: on Linux Ray binds its head to
 # the machine's own IP unless it thinks it is a single-machine (Windows/macOS-style) cluster.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 COMPARED_INFO = ("task_id", "index", "split", "turn")
 
 
