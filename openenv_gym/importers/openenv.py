@@ -21,11 +21,8 @@ Everything here reads files and distribution metadata only; no environment code 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
-import stat
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,8 +30,7 @@ from typing import Any
 import msgspec
 
 from openenv_gym.errors import DetectionError, SourceNotFound
-from openenv_gym.importers.verifiers import _fingerprint, _top_modules
-from openenv_gym.importers.verifiers import cache_path as _verifiers_cache_path
+from openenv_gym.importers.discovery import cache_dir, cached_scan, top_modules
 
 __all__ = ["OpenEnvSource", "MANIFEST", "MANIFEST_FIELDS", "read_manifest", "looks_like_openenv",
            "detect_openenv", "resolve_source", "discover_installed", "cache_path", "env_name_of"]
@@ -162,8 +158,8 @@ def resolve_source(source: str | os.PathLike[str]) -> OpenEnvSource:
 # -- discovery of installed environment packages ---------------------------------------------------
 
 def cache_path() -> Path:
-    """Next to the Verifiers discovery cache, file ``openenv-envs.json``."""
-    return _verifiers_cache_path().with_name("openenv-envs.json")
+    """Where OpenEnv discovery caches its result: ``openenv-envs.json`` in :func:`cache_dir`."""
+    return cache_dir() / "openenv-envs.json"
 
 
 def _depends_on_openenv(dist: metadata.Distribution) -> bool:
@@ -176,7 +172,7 @@ def _scan(paths: list[str]) -> list[dict[str, Any]]:
         dist_name = dist.metadata.get("Name")
         if not dist_name or dist_name.lower() in ("openenv", "openenv-core") or not _depends_on_openenv(dist):
             continue
-        for module in _top_modules(dist):
+        for module in top_modules(dist):
             folder = next((Path(p or ".") / module for p in paths if (Path(p or ".") / module).is_dir()), None)
             if folder is None:
                 continue
@@ -193,40 +189,10 @@ def _scan(paths: list[str]) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda e: e["name"].lower())
 
 
-def _cache_is_ours(path: Path) -> bool:
-    """The cache names modules to serve: trust it only if it is this user's and nobody else can write it."""
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
 def discover_installed(paths: list[str] | None = None, *, use_cache: bool = True) -> list[dict[str, Any]]:
     """Installed OpenEnv environment packages: ``name``, ``module``, ``distribution``, ``version``, ``manifest``.
 
     ``paths`` are the folders to scan (default ``sys.path``). Cached in :func:`cache_path` under a
     fingerprint of the installed distributions; an install, upgrade or uninstall invalidates it.
     """
-    paths = list(sys.path if paths is None else paths)
-    key = _fingerprint(paths)
-    cache = cache_path()
-    if use_cache and _cache_is_ours(cache):
-        try:
-            data = json.loads(cache.read_text())
-            if data.get("fingerprint") == key:
-                return list(data["envs"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    envs = _scan(paths)
-    if use_cache:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(json.dumps({"fingerprint": key, "envs": envs}))
-            os.replace(tmp, cache)
-        except OSError:
-            pass
-    return envs
+    return cached_scan(cache_path(), _scan, paths, use_cache=use_cache)

@@ -24,11 +24,8 @@ distributions (the names of the ``*.dist-info`` entries on ``sys.path``, which c
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -36,6 +33,7 @@ from pathlib import Path
 import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
+from openenv_gym.importers.discovery import cache_dir, cached_scan, top_modules
 from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
 
 __all__ = [
@@ -301,39 +299,12 @@ def looks_like_verifiers(path: Path) -> bool:
 # -- discovery of installed environment packages -------------------------------------------------
 
 def cache_path() -> Path:
-    """``$OPENENV_GYM_CACHE`` or ``$XDG_CACHE_HOME/openenv_gym``, file ``verifiers-envs.json``."""
-    base = os.environ.get("OPENENV_GYM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "openenv_gym")
-    return Path(base) / "verifiers-envs.json"
-
-
-def _fingerprint(paths: list[str]) -> str:
-    digest = hashlib.sha256()
-    for entry in paths:
-        try:
-            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
-        except OSError:
-            continue
-        digest.update(entry.encode() + b"\0" + "\0".join(names).encode() + b"\1")
-    return digest.hexdigest()
+    """Where Verifiers discovery caches its result: ``verifiers-envs.json`` in :func:`cache_dir`."""
+    return cache_dir() / "verifiers-envs.json"
 
 
 def _depends_on_verifiers(dist: metadata.Distribution) -> bool:
     return any(_REQ.match(r) and "extra ==" not in r for r in dist.requires or ())
-
-
-def _top_modules(dist: metadata.Distribution) -> list[str]:
-    text = dist.read_text("top_level.txt")
-    if text:
-        return [n.strip() for n in text.splitlines() if n.strip()]
-    names = []
-    for f in dist.files or ():
-        parts = f.parts
-        if len(parts) == 1 and parts[0].endswith(".py"):
-            names.append(parts[0][:-3])
-        elif len(parts) > 1 and parts[1] == "__init__.py" and not parts[0].endswith((".dist-info", ".egg-info")):
-            names.append(parts[0])
-    return names
 
 
 def _locate(dist: metadata.Distribution, module: str, paths: list[str]) -> Path | None:
@@ -351,7 +322,7 @@ def _scan(paths: list[str]) -> list[dict[str, str]]:
         name = dist.metadata.get("Name")
         if not name or name.lower() in found or not _depends_on_verifiers(dist):
             continue
-        for module in _top_modules(dist):
+        for module in top_modules(dist):
             where = _locate(dist, module, paths)
             if where is None:
                 continue
@@ -371,23 +342,4 @@ def discover_installed(paths: list[str] | None = None, *, use_cache: bool = True
     Cached in :func:`cache_path` under a fingerprint of the installed distributions; a change to
     that set (an install, an upgrade, an uninstall) invalidates it.
     """
-    paths = list(sys.path if paths is None else paths)
-    key = _fingerprint(paths)
-    cache = cache_path()
-    if use_cache:
-        try:
-            data = json.loads(cache.read_text())
-            if data.get("fingerprint") == key:
-                return list(data["envs"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    envs = _scan(paths)
-    if use_cache:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"fingerprint": key, "envs": envs}))
-            os.replace(tmp, cache)
-        except OSError:
-            pass  # a read-only home only costs a rescan next time
-    return envs
+    return cached_scan(cache_path(), _scan, paths, use_cache=use_cache)
