@@ -8,7 +8,9 @@ Every test also gets a private catalog file, so no test reads or writes the user
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +28,9 @@ from openenv_gym.testing import procs
 ENVS = Path(__file__).parent / "envs"
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
 # `import openenv_gym` registers the catalog: never let the suite read the user's own.
-os.environ["OPENENV_GYM_CATALOG"] = os.path.join(tempfile.mkdtemp(prefix="openenv-gym-test-"), "catalog.json")
+_SESSION_DIR = tempfile.mkdtemp(prefix="openenv-gym-test-")
+os.environ["OPENENV_GYM_CATALOG"] = os.path.join(_SESSION_DIR, "catalog.json")
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)  # tests leave no temp dir behind
 
 
 def free_port() -> int:
