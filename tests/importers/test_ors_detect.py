@@ -625,8 +625,9 @@ def test_missing_source(tmp_path: Path) -> None:
 
 
 def test_unsupported_kind(tmp_path: Path) -> None:
+    # (openenv was this test's unsupported kind until its adapter landed)
     with pytest.raises(DetectionError, match="'ors'") as info:
-        detect(tmp_path, kind="openenv")
+        detect(tmp_path, kind="gradio")
     assert "'openenv'" in str(info.value) and "'verifiers'" in str(info.value)
 
 
