@@ -38,6 +38,7 @@ from openenv_gym.wire import (
     AssistantMessage,
     FunctionCall,
     Message,
+    Outcome,
     ToolCall,
     ToolSpec,
     clip,
@@ -54,6 +55,9 @@ __all__ = [
     "check_call",
     "tool_message",
     "user_message",
+    "unreadable_reply",
+    "no_tool_call",
+    "refuse_call",
     "MAX_NAME_LENGTH",
 ]
 
@@ -276,3 +280,31 @@ def tool_message(call_id: str, name: str, content: str | list[dict[str, Any]]) -
 def user_message(content: str | list[dict[str, Any]]) -> Message:
     """A ``user`` message (task prompts, and notices about actions that were not tool calls)."""
     return {"role": "user", "content": content}
+
+
+# -- answers every tool-call adapter gives to an action it will not run --------------------------
+
+def unreadable_reply(error: str) -> Message:
+    """The ``user`` message answering an action that could not be read at all."""
+    return user_message(f"Your last message could not be read: {error}.")
+
+
+def no_tool_call(hint: str) -> Outcome:
+    """The outcome of a plain-text action where the environment needs a tool call."""
+    return Outcome([user_message(f"No tool call found in your message. {hint}")],
+                   info={"invalid_action": "no_tool_call"})
+
+
+def refuse_call(call: ParsedCall, tools: dict[str, ToolSpec], finished: bool) -> tuple[Message, dict[str, Any]] | None:
+    """Why ``call`` must not run, as ``(tool message, record for info["calls"])``, or ``None``.
+
+    A call after the episode finished is not run; a call :func:`check_call` refuses is not sent.
+    """
+    if finished:
+        return (tool_message(call.id, call.name, "Not run: the episode has already finished."),
+                {"name": call.name, "ok": False, "reason": "episode_finished"})
+    problem = check_call(call, tools)
+    if problem is not None:
+        return (tool_message(call.id, call.name, problem),
+                {"name": call.name, "ok": False, "reason": "invalid_call", "error": problem})
+    return None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import difflib
 import re
 import warnings
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -283,6 +284,31 @@ def _catalog_kwargs(entry: Any) -> dict[str, Any]:
     return kwargs
 
 
+def _register_discovered(what: str, discover: Callable[[], list[dict[str, Any]]],
+                         kwargs_of: Callable[[dict[str, Any]], dict[str, Any]]) -> list[str]:
+    """Register what ``discover`` found as ``openenv/<name>-v0``, each with ``kwargs_of(found)``.
+
+    A failure only warns: discovery must never break ``import openenv_gym``.
+    """
+    try:
+        found = discover()
+    except Exception as exc:
+        warnings.warn(f"openenv_gym: {what} discovery failed: {exc!r}", stacklevel=3)
+        return []
+    ids, failed = [], []
+    for env in found:
+        id = env_id(env["name"])
+        try:
+            _register(id, kwargs_of(env))
+        except Exception:
+            failed.append(env["name"])
+            continue
+        ids.append(id)
+    if failed:
+        warnings.warn(f"openenv_gym: {what} packages not registered (no valid id): {failed!r}", stacklevel=3)
+    return ids
+
+
 def register_verifiers_packages() -> list[str]:
     """Register installed Verifiers environment packages as ``openenv/<distribution>-v0``.
 
@@ -291,23 +317,8 @@ def register_verifiers_packages() -> list[str]:
     """
     from openenv_gym.importers.verifiers import discover_installed
 
-    try:
-        found = discover_installed()
-    except Exception as exc:
-        warnings.warn(f"openenv_gym: Verifiers discovery failed: {exc!r}", stacklevel=2)
-        return []
-    ids, failed = [], []
-    for env in found:
-        id = env_id(env["name"])
-        try:
-            _register(id, {"adapter": ADAPTERS["verifiers"], "env_id": env["module"], "generation": env["generation"]})
-        except Exception:
-            failed.append(env["name"])
-            continue
-        ids.append(id)
-    if failed:
-        warnings.warn(f"openenv_gym: Verifiers packages not registered (no valid id): {failed!r}", stacklevel=2)
-    return ids
+    return _register_discovered("Verifiers", discover_installed, lambda env: {
+        "adapter": ADAPTERS["verifiers"], "env_id": env["module"], "generation": env["generation"]})
 
 
 def register_openenv_packages() -> list[str]:
@@ -319,26 +330,13 @@ def register_openenv_packages() -> list[str]:
     """
     from openenv_gym.importers.openenv import discover_installed
 
-    try:
-        found = discover_installed()
-    except Exception as exc:
-        warnings.warn(f"openenv_gym: OpenEnv discovery failed: {exc!r}", stacklevel=2)
-        return []
-    ids, failed = [], []
-    for env in found:
-        id = env_id(env["name"])
+    def kwargs_of(env: dict[str, Any]) -> dict[str, Any]:
         kwargs = {"adapter": ADAPTERS["openenv"], "source": env["module"]}
         if env.get("manifest"):
             kwargs["manifest"] = dict(env["manifest"])
-        try:
-            _register(id, kwargs)
-        except Exception:
-            failed.append(env["name"])
-            continue
-        ids.append(id)
-    if failed:
-        warnings.warn(f"openenv_gym: OpenEnv packages not registered (no valid id): {failed!r}", stacklevel=2)
-    return ids
+        return kwargs
+
+    return _register_discovered("OpenEnv", discover_installed, kwargs_of)
 
 
 def register_entry_points() -> list[str]:

@@ -42,6 +42,7 @@ __all__ = [
     "json_decode",
     "msgpack_encode",
     "msgpack_decode",
+    "decode_with",
     "MAX_JSON_DEPTH",
     "JSON_INT_MIN",
     "JSON_INT_MAX",
@@ -108,6 +109,13 @@ class TaskRef(msgspec.Struct, omit_defaults=True):
     index: int | None = None
     spec: dict[str, Any] | None = None
 
+    @property
+    def task_id(self) -> str:
+        """A stable name for the task: ``"split/index"``, or an explicit spec's ``id``."""
+        if self.spec is not None:
+            return str(self.spec.get("id", "task_spec"))
+        return f"{self.split}/{self.index}"
+
 
 class Opening(msgspec.Struct):
     """What an adapter returns when an episode starts."""
@@ -141,21 +149,28 @@ def json_encode(obj: Any) -> bytes:
     return _json_encoder.encode(obj)
 
 
+def decode_with(decoder: msgspec.json.Decoder | msgspec.msgpack.Decoder, data: bytes | str) -> Any:
+    """``decoder.decode(data)``, every unreadable input a ``msgspec.DecodeError``.
+
+    msgspec reports two kinds of unreadable input otherwise: nesting too deep to decode
+    (``RecursionError``) and strings that are not UTF-8 (``UnicodeDecodeError``). Callers on a hot
+    path keep their own prebuilt decoder and pass it here.
+    """
+    try:
+        return decoder.decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("the data is nested too deeply to decode") from None
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"the data is malformed: invalid UTF-8 (byte {exc.start})") from None
+
+
 def json_decode(data: bytes | str, type: Any = None) -> Any:
     """Decode JSON, into ``type`` when given (validating it), else into builtins.
 
     Raises ``msgspec.DecodeError`` (a ``ValueError``; ``ValidationError`` is one) for anything
-    unreadable, including what msgspec reports otherwise: nesting too deep to decode
-    (``RecursionError``) and strings that are not UTF-8 (``UnicodeDecodeError``).
+    unreadable (see :func:`decode_with`).
     """
-    try:
-        if type is None:
-            return _json_decoder.decode(data)
-        return msgspec.json.decode(data, type=type)
-    except RecursionError:
-        raise msgspec.DecodeError("JSON is nested too deeply to decode") from None
-    except UnicodeDecodeError as exc:
-        raise msgspec.DecodeError(f"JSON is malformed: invalid UTF-8 (byte {exc.start})") from None
+    return decode_with(_json_decoder if type is None else msgspec.json.Decoder(type), data)
 
 
 def msgpack_encode(obj: Any) -> bytes:
@@ -165,14 +180,7 @@ def msgpack_encode(obj: Any) -> bytes:
 
 def msgpack_decode(data: bytes, type: Any = None) -> Any:
     """Decode msgpack, into ``type`` when given; errors as :func:`json_decode`'s."""
-    try:
-        if type is None:
-            return _msgpack_decoder.decode(data)
-        return msgspec.msgpack.decode(data, type=type)
-    except RecursionError:
-        raise msgspec.DecodeError("MessagePack data is nested too deeply to decode") from None
-    except UnicodeDecodeError:
-        raise msgspec.DecodeError("MessagePack data is malformed: a string is not valid UTF-8") from None
+    return decode_with(_msgpack_decoder if type is None else msgspec.msgpack.Decoder(type), data)
 
 
 # -- agent-written JSON ------------------------------------------------------------------------------

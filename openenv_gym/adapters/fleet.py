@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv_gym import runtime
-from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, user_message
+from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.mcp import MCPConnection, result_content, tool_spec
 from openenv_gym.errors import (
@@ -578,24 +578,18 @@ class FleetEpisode(Episode):
     async def _step(self, turn: Turn) -> Outcome:
         assert self.mcp is not None
         if turn.error is not None:
-            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")])
+            return Outcome([unreadable_reply(turn.error)])
         if not turn.calls:
-            return Outcome([user_message(
-                "No tool call found in your message. Act through the tools, and call "
-                f"{SUBMIT_TOOL.name} with your answer when you are done.")], info={"invalid_action": "no_tool_call"})
+            return no_tool_call(f"Act through the tools, and call {SUBMIT_TOOL.name} with your answer when you are done.")
         messages: list[Message] = []
         results: list[dict[str, Any]] = []
         info: dict[str, Any] = {"calls": results}
         reward = 0.0
         for call in turn.calls:
-            if self.finished:
-                messages.append(tool_message(call.id, call.name, "Not run: the episode has already finished."))
-                results.append({"name": call.name, "ok": False, "reason": "episode_finished"})
-                continue
-            problem = check_call(call, self.tools)
-            if problem is not None:
-                messages.append(tool_message(call.id, call.name, problem))
-                results.append({"name": call.name, "ok": False, "reason": "invalid_call", "error": problem})
+            refused = refuse_call(call, self.tools, self.finished)
+            if refused is not None:
+                messages.append(refused[0])
+                results.append(refused[1])
                 continue
             if call.name == SUBMIT_TOOL.name:
                 reward, run = await self._submit(call)

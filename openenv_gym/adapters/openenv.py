@@ -43,7 +43,7 @@ import os
 from typing import Any
 
 from openenv_gym import runtime
-from openenv_gym.actions import Turn, check_call, tool_message, user_message
+from openenv_gym.actions import Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
 from openenv_gym.adapters import ors_local
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.openenv_transport import (
@@ -383,9 +383,9 @@ class OpenEnvAdapter(Adapter):
                 self.task_api = True
                 self._splits = [_split(s) for s in splits]
         if self.mcp:
-            channel, _ = await self._open_session(await self._probe_reset_data())
+            channel, _ = await self.open_session(await self._probe_reset_data())
             try:
-                self._tools = await self._list_tools(channel)
+                self._tools = await self.list_tools(channel)
             except BaseException:
                 await channel.aclose()
                 raise
@@ -520,7 +520,7 @@ class OpenEnvAdapter(Adapter):
         else:
             channel.abort()
 
-    async def _open_session(self, data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
+    async def open_session(self, data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
         """A socket whose environment was just reset with ``data``, and the reset's reply.
 
         An idle socket is tried first; one that dropped meanwhile is replaced by a new one. A new
@@ -567,7 +567,8 @@ class OpenEnvAdapter(Adapter):
             channel.abort()
             raise ConfigurationError(f"the server rejected the reset: {exc}") from None
 
-    async def _list_tools(self, channel: Channel) -> list[ToolSpec]:
+    async def list_tools(self, channel: Channel) -> list[ToolSpec]:
+        """The tools an MCP environment lists on ``channel`` (their JSON schemas as given)."""
         data = await channel.request({"type": "step", "data": {"type": "list_tools"}}, "list_tools",
                                      self.read_timeout)
         obs = data.get("observation") or {}
@@ -599,16 +600,16 @@ class OpenEnvEpisode(Episode):
         adapter = self.adapter
         await adapter.ensure_server()
         try:
-            channel, data = await adapter._open_session(adapter.reset_data(task))
+            channel, data = await adapter.open_session(adapter.reset_data(task))
         except BackendUnavailable:
             if not adapter.server_died():
                 raise
             # It died just now (its exit was not yet visible to ensure_server): relaunch once.
             await adapter.ensure_server()
-            channel, data = await adapter._open_session(adapter.reset_data(task))
+            channel, data = await adapter.open_session(adapter.reset_data(task))
         self.channel = channel
         try:
-            tools = await adapter._list_tools(channel) if adapter.mcp else await adapter.tools()
+            tools = await adapter.list_tools(channel) if adapter.mcp else await adapter.tools()
         except BaseException:
             await self.aclose()
             raise
@@ -616,12 +617,9 @@ class OpenEnvEpisode(Episode):
         observation = data.get("observation") if isinstance(data.get("observation"), dict) else {}
         metadata = data.get("metadata") or observation.get("metadata") or {}
         self.done = bool(data.get("done"))
-        if task.spec is not None:
-            task_id = str(task.spec.get("id", "task_spec"))
-        else:
-            task_id = f"{task.split}/{task.index}"
         info = {"observation": observation, "metadata": metadata}
-        return Opening(messages=_opening_messages(observation, metadata), tools=tools, task_id=task_id, info=info)
+        return Opening(messages=_opening_messages(observation, metadata), tools=tools, task_id=task.task_id,
+                       info=info)
 
     async def step(self, turn: Turn) -> Outcome:
         adapter = self.adapter
@@ -629,25 +627,19 @@ class OpenEnvEpisode(Episode):
         if channel is None:
             raise BackendError("the episode has not started")
         if turn.error is not None:
-            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")])
+            return Outcome([unreadable_reply(turn.error)])
         if not turn.calls:
             names = ", ".join(sorted(self.tools))
-            return Outcome([user_message(
-                "No tool call found in your message. This environment is played through tool calls: "
-                f"call one of {names}.")], info={"invalid_action": "no_tool_call"})
+            return no_tool_call(f"This environment is played through tool calls: call one of {names}.")
         messages: list[Message] = []
         reward = 0.0
         calls: list[dict[str, Any]] = []
         info: dict[str, Any] = {"calls": calls}
         for call in turn.calls:
-            if self.done:
-                messages.append(tool_message(call.id, call.name, "Not run: the episode has already finished."))
-                calls.append({"name": call.name, "ok": False, "reason": "episode_finished"})
-                continue
-            problem = check_call(call, self.tools)
-            if problem is not None:
-                messages.append(tool_message(call.id, call.name, problem))
-                calls.append({"name": call.name, "ok": False, "reason": "invalid_call", "error": problem})
+            refused = refuse_call(call, self.tools, self.done)
+            if refused is not None:
+                messages.append(refused[0])
+                calls.append(refused[1])
                 continue
             if adapter.mcp:
                 action = {"type": "call_tool", "tool_name": call.name, "arguments": call.arguments or {}}

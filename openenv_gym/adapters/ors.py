@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, user_message
+from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
 from openenv_gym.adapters import ors_local
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.ors_transport import (
@@ -463,18 +463,14 @@ class ORSEpisode(Episode):
             raise
         self.tools = {t.name: t for t in tools}
         adapter.touch(sid)
-        if task.spec is not None:
-            task_id = str(task.spec.get("id", "task_spec"))
-        else:
-            task_id = f"{task.split}/{task.index}"
-        return Opening(messages=messages, tools=tools, task_id=task_id, info={"session_id": sid})
+        return Opening(messages=messages, tools=tools, task_id=task.task_id, info={"session_id": sid})
 
     async def step(self, turn: Turn) -> Outcome:
         adapter = self.adapter
         if self.sid is None:
             raise BackendError("the episode has not started")
         if turn.error is not None:
-            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")])
+            return Outcome([unreadable_reply(turn.error)])
         calls = turn.calls
         if not calls:
             terminal = adapter.terminal_tool
@@ -485,10 +481,7 @@ class ORSEpisode(Episode):
                 tools = {**self.tools, terminal.name: ToolSpec(terminal.name)}
             else:
                 names = ", ".join(sorted(self.tools))
-                return Outcome([user_message(
-                    "No tool call found in your message. This environment is played through tool "
-                    f"calls: call one of {names}."
-                )], info={"invalid_action": "no_tool_call"})
+                return no_tool_call(f"This environment is played through tool calls: call one of {names}.")
         else:
             tools = self.tools
         messages: list[Message] = []
@@ -496,14 +489,10 @@ class ORSEpisode(Episode):
         results: list[dict[str, Any]] = []
         info: dict[str, Any] = {"calls": results}
         for call in calls:
-            if self.finished:
-                messages.append(tool_message(call.id, call.name, "Not run: the episode has already finished."))
-                results.append({"name": call.name, "ok": False, "reason": "episode_finished"})
-                continue
-            problem = check_call(call, tools)
-            if problem is not None:
-                messages.append(tool_message(call.id, call.name, problem))
-                results.append({"name": call.name, "ok": False, "reason": "invalid_call", "error": problem})
+            refused = refuse_call(call, tools, self.finished)
+            if refused is not None:
+                messages.append(refused[0])
+                results.append(refused[1])
                 continue
             adapter.touch(self.sid)
             try:

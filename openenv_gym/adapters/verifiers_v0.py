@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from openenv_gym.actions import ParsedCall, Turn, user_message
+from openenv_gym.actions import ParsedCall, Turn, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.errors import (
     BackendError,
@@ -707,7 +707,7 @@ class VerifiersV0Episode(Episode):
             raise EpisodeNotStarted("the episode is not running")
         if turn.error is not None:
             # Not a message at all: nothing the library could record as a model reply.
-            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")],
+            return Outcome([unreadable_reply(turn.error)],
                            info={"invalid_action": "unreadable"})
         if self._task.done():  # the library ended the rollout meanwhile (timeout_seconds)
             return self._finish()

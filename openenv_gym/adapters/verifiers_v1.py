@@ -61,7 +61,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, user_message
+from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.verifiers_v1_compat import (
     check_source_compat,
@@ -457,7 +457,7 @@ class VerifiersV1Episode(Episode):
         if self._run.done():
             return self._finish([])
         if turn.error is not None:
-            return Outcome([user_message(f"Your last message could not be read: {turn.error}.")],
+            return Outcome([unreadable_reply(turn.error)],
                            info={"invalid_action": "unreadable"})
         # Unparseable arguments: by default they go to the harness as written (the bundled chat
         # programs answer "error: invalid JSON ..." as the tool result and go on, and the trace

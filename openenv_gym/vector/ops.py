@@ -20,7 +20,7 @@ from openenv_gym.actions import Turn
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.runtime import within
 from openenv_gym.session import EnvSession
-from openenv_gym.wire import Message
+from openenv_gym.wire import Message, decode_with
 
 __all__ = ["Op", "Result", "run_op", "call_each", "encode_ops", "decode_ops", "encode_results", "decode_results"]
 
@@ -115,17 +115,8 @@ def encode_ops(ops: list[Op]) -> bytes:
     return _encoder.encode(ops)
 
 
-def _decode(decoder: msgspec.msgpack.Decoder, data: bytes) -> Any:
-    # msgspec lets RecursionError (bytes nested deeper than the stack) and UnicodeDecodeError
-    # (a string that is not UTF-8) out of decode: both mean unreadable bytes, like DecodeError.
-    try:
-        return decoder.decode(data)
-    except (RecursionError, UnicodeDecodeError) as exc:
-        raise msgspec.DecodeError(f"unreadable msgpack: {type(exc).__name__}") from None
-
-
 def decode_ops(data: bytes) -> list[Op]:
-    return _decode(_ops_decoder, data)
+    return decode_with(_ops_decoder, data)
 
 
 def encode_results(results: list[Result]) -> bytes:
@@ -133,4 +124,4 @@ def encode_results(results: list[Result]) -> bytes:
 
 
 def decode_results(data: bytes) -> list[Result]:
-    return _decode(_results_decoder, data)
+    return decode_with(_results_decoder, data)
