@@ -1,4 +1,4 @@
-"""Overhead of ``gym.make("openenv/Arithmetic-v0")`` against a raw httpx loop on the same server.
+"""Overhead of ``gym.make("openenv/Arithmetic-v0")`` against raw HTTP loops on the same server.
 
 Both sides play the same scripted episodes against the same ORS server process (the bundled
 Arithmetic example, launched once): create a session, read the prompt and the task's tools, call
@@ -6,13 +6,13 @@ Arithmetic example, launched once): create a session, read the prompt and the ta
 plain ``httpx.Client`` loop making exactly those HTTP calls with a minimal SSE read; the gym side
 goes through AgentEnv, the runtime loop, action parsing and the SSE decoder.
 
-The machine is shared and noisy, so the two sides alternate in rounds and the figure reported is
-the median of the per-round ratios (env-steps/sec gym / raw). Two raw baselines: an
-``httpx.AsyncClient`` loop (the same client stack the adapter uses, so the ratio is the cost of
-the Gymnasium layer; target >= 0.90) and an ``httpx.Client`` loop (sync httpx has a cheaper
-per-request path; reported for information).
+The machine is shared and noisy, so the sides alternate in rounds and each figure is the median
+of the per-round ratios (env-steps/sec gym / raw) with its min-max. Three raw baselines: an
+``aiohttp`` loop (the client stack under the adapter, so the ratio is the cost of the Gymnasium
+layer), an ``httpx.AsyncClient`` loop (target >= 0.90) and an ``httpx.Client`` loop (sync httpx
+has the cheapest per-request path; for information).
 
-    python benchmarks/overhead.py [--episodes 200] [--rounds 5] [--json out.json]
+    python benchmarks/overhead.py [--episodes 200] [--reps 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -111,10 +111,46 @@ def run_raw_async(url: str, env_name: str, episodes: int, offset: int) -> tuple[
     return asyncio.run(_run_raw_async(url, env_name, episodes, offset))
 
 
+async def _run_aiohttp(url: str, env_name: str, episodes: int, offset: int) -> tuple[int, float, float]:
+    import aiohttp
+
+    connector: aiohttp.BaseConnector = aiohttp.TCPConnector()
+    if url.startswith("unix:"):
+        connector, url = aiohttp.UnixConnector(path=url[len("unix:"):]), "http://ors"
+    steps, total = 0, 0.0
+    async with aiohttp.ClientSession(connector=connector) as client:
+        start = time.perf_counter()
+        for n in range(episodes):
+            h = {"X-Session-ID": uuid.uuid4().hex}
+            async with client.post(f"{url}/create", json={"env_name": env_name, "split": "train",
+                                                          "index": (offset + n) % 2000}, headers=h) as r:
+                r.raise_for_status()
+            async with client.get(f"{url}/{env_name}/prompt", headers=h) as r:
+                prompt = (await r.json())[0]["text"]
+            async with client.get(f"{url}/{env_name}/task_tools", headers=h) as r:
+                await r.read()
+            async with client.post(f"{url}/{env_name}/call", headers=h, json={
+                    "name": "calculator", "input": {"expression": _question(prompt)}}) as r:
+                value = _sse_end(await r.text())["output"]["blocks"][0]["text"]
+            async with client.post(f"{url}/{env_name}/call", headers=h, json={
+                    "name": "submit", "input": {"answer": value}}) as r:
+                result = _sse_end(await r.text())
+            async with client.post(f"{url}/delete", headers=h) as r:
+                await r.read()
+            steps, total = steps + 2, total + (result["output"]["reward"] or 0.0)
+        return steps, time.perf_counter() - start, total
+
+
+def run_aiohttp(url: str, env_name: str, episodes: int, offset: int) -> tuple[int, float, float]:
+    return asyncio.run(_run_aiohttp(url, env_name, episodes, offset))
+
+
 def main() -> None:
+    from figures import figure, write
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=200, help="episodes per side per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", "--rounds", dest="reps", type=int, default=5, help="rounds")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
 
@@ -123,33 +159,36 @@ def main() -> None:
     url = adapter._server.url
     client = httpx.Client(timeout=60.0, **_raw_client_args(url, httpx.HTTPTransport))
     try:
-        run_gym(env, 20, 0), run_raw(client, adapter.env_name, 20, 0)  # warm both paths up
-        run_raw_async(url, adapter.env_name, 20, 0)
+        run_gym(env, 20, 0), run_raw(client, adapter.env_name, 20, 0)  # warm every path up
+        run_raw_async(url, adapter.env_name, 20, 0), run_aiohttp(url, adapter.env_name, 20, 0)
         rows = []
-        for r in range(args.rounds):
+        for r in range(args.reps):
             offset = 100 + r * args.episodes
             g_steps, g_sec, g_rew = run_gym(env, args.episodes, offset)
+            h_steps, h_sec, h_rew = run_aiohttp(url, adapter.env_name, args.episodes, offset)
             a_steps, a_sec, a_rew = run_raw_async(url, adapter.env_name, args.episodes, offset)
             s_steps, s_sec, s_rew = run_raw(client, adapter.env_name, args.episodes, offset)
-            assert g_rew == a_rew == s_rew == args.episodes, "every side must solve every task"
-            row = {"gym": g_steps / g_sec, "raw_async": a_steps / a_sec, "raw_sync": s_steps / s_sec}
-            row["ratio_async"] = row["gym"] / row["raw_async"]
-            row["ratio_sync"] = row["gym"] / row["raw_sync"]
+            assert g_rew == h_rew == a_rew == s_rew == args.episodes, "every side must solve every task"
+            row = {"gym": g_steps / g_sec, "raw_aiohttp": h_steps / h_sec, "raw_async": a_steps / a_sec,
+                   "raw_sync": s_steps / s_sec}
+            for k in ("raw_aiohttp", "raw_async", "raw_sync"):
+                row[f"ratio_{k[4:]}"] = row["gym"] / row[k]
             rows.append(row)
-            print(f"round {r}: gym {row['gym']:7.1f}  raw httpx async {row['raw_async']:7.1f}  "
-                  f"raw httpx sync {row['raw_sync']:7.1f} env-steps/s   ratios {row['ratio_async']:.3f} / "
-                  f"{row['ratio_sync']:.3f}")
+            print(f"round {r}: gym {row['gym']:7.1f}  raw aiohttp {row['raw_aiohttp']:7.1f}  raw httpx async "
+                  f"{row['raw_async']:7.1f}  raw httpx sync {row['raw_sync']:7.1f} env-steps/s")
     finally:
         client.close()
         env.close()
-    ratio_async = statistics.median(r["ratio_async"] for r in rows)
-    ratio_sync = statistics.median(r["ratio_sync"] for r in rows)
-    print(f"median ratio gym / raw httpx.AsyncClient loop = {ratio_async:.3f}  (target >= 0.90)")
-    print(f"median ratio gym / raw httpx.Client loop      = {ratio_sync:.3f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"rounds": rows, "median_ratio_async": ratio_async, "median_ratio_sync": ratio_sync,
-                       "episodes": args.episodes}, fh, indent=2)
+    figures = [
+        figure("single env vs raw httpx async loop", [r["ratio_async"] for r in rows], target=0.90),
+        figure("single env vs raw aiohttp loop", [r["ratio_aiohttp"] for r in rows]),
+        figure("single env vs raw httpx sync loop", [r["ratio_sync"] for r in rows]),
+    ]
+    for f in figures:
+        print(f"{f['name']}: {f['median']:.3f} ({f['min']:.3f}-{f['max']:.3f})"
+              + (f"  (target >= {f['target']})" if f["target"] else ""))
+    write(args.json, figures, {"rounds": rows, "episodes": args.episodes})
+
 
 if __name__ == "__main__":
     main()

@@ -6,10 +6,8 @@ Sections (``--only`` picks some):
   (each size in its own fresh process, interleaved over repetitions); env-steps/sec at 128 and
   1,024 against 8 (target >= 0.8 each), and peak RSS at 1,024.
 * ``client``: ConcurrentVectorEnv at 64 sub-envs against an aiohttp reference client (one shared
-  session, the same calls to the same server), in env-steps/sec (target >= 0.8).
-* ``ray``: RayVectorEnv (a few actors) against Gymnasium's AsyncVectorEnv (64 processes,
-  shared_memory=False) at 64 sub-envs: env-steps/sec (target >= 1.0) and PSS (target <= 1/4);
-  and the p50 latency a RayVectorEnv step adds over a raw actor call (target <= 0.5 ms).
+  session, the same calls to the same server), in env-steps/sec (target >= 0.90), and the client CPU per
+  env-step of openenv_gym, the aiohttp reference and a raw httpx loop (this process's CPU time over env-steps).
 * ``first_ready``: 64 sub-envs whose steps take lognormal time (median 20 ms, sigma 1);
   ``recv(batch_size=8)`` against lockstep ``step()`` (target >= 4; the simulated bound is ~6.7).
 * ``wire``: encode+decode of a step record, msgspec Struct against the same pydantic model
@@ -18,7 +16,7 @@ Sections (``--only`` picks some):
 Every tool call here is ``calculator`` on a small expression; episodes are truncated after 8
 turns, so resets are part of the load as they are in training.
 
-    python benchmarks/vector.py [--only collapse,client,first_ready,wire,ray] [--reps 3] [--json out.json]
+    python benchmarks/vector.py [--only collapse,client,first_ready,wire] [--reps 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -103,9 +101,11 @@ def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:
                       f"(peak RSS {runs[n][-1]['peak_rss_mib']:.0f} MiB)")
     finally:
         env.close()
-    med = {n: statistics.median(x["steps_per_sec"] for x in v) for n, v in runs.items()}
-    return {"steps_per_sec": med, "ratio_128_to_8": med[128] / med[8], "ratio_1024_to_8": med[1024] / med[8],
-            "peak_rss_mib_1024": max(x["peak_rss_mib"] for x in runs[1024])}
+    per = {n: [x["steps_per_sec"] for x in v] for n, v in runs.items()}
+    return {"steps_per_sec": per,
+            "ratios_128_to_8": [a / b for a, b in zip(per[128], per[8])],
+            "ratios_1024_to_8": [a / b for a, b in zip(per[1024], per[8])],
+            "peak_rss_mib_1024": [x["peak_rss_mib"] for x in runs[1024]]}
 
 
 # -- aiohttp reference client ---------------------------------------------------------------------------
@@ -150,18 +150,68 @@ async def _aiohttp_reference(url: str, num_envs: int, seconds: float) -> float:
         return steps / (time.perf_counter() - start)
 
 
+async def _httpx_reference(url: str, num_envs: int, seconds: float) -> float:
+    """The same calls as the aiohttp reference, on one shared ``httpx.AsyncClient``."""
+    import httpx
+
+    env, steps, stop = "arithmetic", 0, time.perf_counter() + seconds
+    transport = httpx.AsyncHTTPTransport(uds=url[len("unix:"):]) if url.startswith("unix:") else None
+    base = "http://ors" if transport is not None else url
+    limits = httpx.Limits(max_connections=num_envs, max_keepalive_connections=num_envs)
+    async with httpx.AsyncClient(base_url=base, transport=transport, limits=limits, timeout=60.0) as client:
+
+        async def loop(i: int) -> None:
+            nonlocal steps
+            index = i
+            while time.perf_counter() < stop:
+                h = {"X-Session-ID": uuid.uuid4().hex}
+                (await client.post("/create", json={"env_name": env, "split": "train", "index": index % 2000},
+                                   headers=h)).raise_for_status()
+                await client.get(f"/{env}/prompt", headers=h)
+                await client.get(f"/{env}/task_tools", headers=h)
+                for _ in range(TURNS):
+                    r = await client.post(f"/{env}/call", headers=h,
+                                          json={"name": "calculator", "input": {"expression": "6 * 7"}})
+                    assert "event: end" in r.text
+                    steps += 1
+                await client.post("/delete", headers=h)
+                index += num_envs
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop(i) for i in range(num_envs)))
+        return steps / (time.perf_counter() - start)
+
+
+def _timed(fn: Any) -> tuple[float, float]:
+    """(env-steps/s, client CPU microseconds per env-step): this process's CPU, every thread."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    rate = fn()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return rate, cpu / (rate * wall) * 1e6 if rate else float("nan")
+
+
 def bench_client(reps: int, seconds: float) -> dict[str, Any]:
     env, url = _server()
-    ours, ref = [], []
+    sides: dict[str, Any] = {
+        "openenv_gym": lambda: concurrent_steps_per_sec(64, seconds, url)["steps_per_sec"],
+        "aiohttp": lambda: asyncio.run(_aiohttp_reference(url, 64, seconds)),
+        "httpx": lambda: asyncio.run(_httpx_reference(url, 64, seconds)),
+    }
+    rate: dict[str, list[float]] = {k: [] for k in sides}
+    cpu: dict[str, list[float]] = {k: [] for k in sides}
     try:
         for r in range(reps):
-            ours.append(concurrent_steps_per_sec(64, seconds, url)["steps_per_sec"])
-            ref.append(asyncio.run(_aiohttp_reference(url, 64, seconds)))
-            print(f"  client rep {r}: openenv_gym {ours[-1]:8.1f}   aiohttp reference {ref[-1]:8.1f} env-steps/s")
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))
+            for name in order:
+                x, c = _timed(sides[name])
+                rate[name].append(x), cpu[name].append(c)
+            print(f"  client rep {r}: " + "   ".join(f"{k} {rate[k][-1]:7.1f} env-steps/s ({cpu[k][-1]:5.0f} us CPU/step)"
+                                                    for k in sides))
     finally:
         env.close()
-    ratios = [a / b for a, b in zip(ours, ref)]
-    return {"ours": statistics.median(ours), "aiohttp": statistics.median(ref), "ratio": statistics.median(ratios)}
+    ratios = [a / b for a, b in zip(rate["openenv_gym"], rate["aiohttp"])]
+    return {"rate": rate, "cpu_us_per_step": cpu, "ratios": ratios, "ratio": statistics.median(ratios),
+            "ours": statistics.median(rate["openenv_gym"]), "aiohttp": statistics.median(rate["aiohttp"])}
 
 
 # -- first-ready batching ------------------------------------------------------------------------------
@@ -192,8 +242,8 @@ def bench_first_ready(reps: int, steps: int) -> dict[str, Any]:
         finally:
             envs.close()
         print(f"  first-ready rep {r}: lockstep {lock[-1]:8.1f}   recv(8) {ready[-1]:8.1f} env-steps/s")
-    return {"lockstep": statistics.median(lock), "first_ready": statistics.median(ready),
-            "ratio": statistics.median(b / a for a, b in zip(lock, ready))}
+    ratios = [b / a for a, b in zip(lock, ready)]
+    return {"lockstep": lock, "first_ready": ready, "ratios": ratios, "ratio": statistics.median(ratios)}
 
 
 # -- wire ----------------------------------------------------------------------------------------------
@@ -225,42 +275,44 @@ def bench_wire(reps: int) -> dict[str, Any]:
         t_pd = min(timeit.repeat(lambda: adapter.validate_json(adapter.dump_json(pyd)), number=200, repeat=5))
         ratios.append(t_pd / t_ms)
         print(f"  wire rep {r}: msgspec {t_ms / 200 * 1e6:7.1f} us   pydantic {t_pd / 200 * 1e6:7.1f} us per 64-record batch")
-    return {"ratio": statistics.median(ratios)}
+    return {"ratios": ratios, "ratio": statistics.median(ratios)}
 
 
 def main() -> None:
+    from figures import figure, write
+
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(concurrent_steps_per_sec(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="collapse,client,first_ready,wire")
+    parser.add_argument("--only", default="collapse,client,first_ready,wire")  # Ray: benchmarks/ray_bench.py
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per configuration")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {}
+    figures: list[dict[str, Any]] = []
     if "wire" in only:
-        results["wire"] = bench_wire(args.reps)
-        print(f"wire: msgspec is {results['wire']['ratio']:.1f}x pydantic (target >= 4)")
+        results["wire"] = w = bench_wire(args.reps)
+        figures.append(figure("wire: msgspec vs pydantic, encode+decode", w["ratios"], target=4.0))
     if "first_ready" in only:
-        results["first_ready"] = bench_first_ready(args.reps, 1536)
-        print(f"first-ready: recv(8) is {results['first_ready']['ratio']:.2f}x lockstep (target >= 4)")
+        results["first_ready"] = f = bench_first_ready(args.reps, 1536)
+        figures.append(figure("first-ready recv(8) vs lockstep step(), 64 sub-envs", f["ratios"], target=4.0))
     if "client" in only:
-        results["client"] = bench_client(args.reps, args.seconds)
-        print(f"client: openenv_gym is {results['client']['ratio']:.2f}x the aiohttp reference (target >= 0.8)")
+        results["client"] = c = bench_client(args.reps, args.seconds)
+        figures.append(figure("ConcurrentVectorEnv at 64 vs aiohttp reference client", c["ratios"], target=0.90))
+        for side, values in c["cpu_us_per_step"].items():
+            figures.append(figure(f"client CPU per env-step at 64: {side}", values, unit="us", higher_is_better=False))
     if "collapse" in only:
-        results["collapse"] = bench_collapse(args.reps, args.seconds)
-        c = results["collapse"]
-        print(f"collapse: 128/8 = {c['ratio_128_to_8']:.2f}, 1024/8 = {c['ratio_1024_to_8']:.2f} (targets >= 0.8); "
-              f"peak RSS at 1024 = {c['peak_rss_mib_1024']:.0f} MiB")
-    if "ray" in only:
-        from ray_bench import bench_ray  # noqa: PLC0415  (needs ray; kept apart)
-
-        results["ray"] = bench_ray(args.reps, args.seconds)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2, default=str)
+        results["collapse"] = c = bench_collapse(args.reps, args.seconds)
+        figures.append(figure("ConcurrentVectorEnv 128 vs 8 sub-envs", c["ratios_128_to_8"], target=0.8))
+        figures.append(figure("ConcurrentVectorEnv 1,024 vs 8 sub-envs", c["ratios_1024_to_8"], target=0.8))
+        figures.append(figure("peak RSS at 1,024 sub-envs", c["peak_rss_mib_1024"], unit="MiB", higher_is_better=False))
+    for f in figures:
+        target = "" if f["target"] is None else f"   target {'>=' if f['higher_is_better'] else '<='} {f['target']:g}"
+        print(f"{f['name']}: {f['median']:.2f} {f['unit']} ({f['min']:.2f}-{f['max']:.2f}){target}")
+    write(args.json, figures, results)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 One ORS session is one episode: ``POST /create`` binds a session to a task, ``GET /{env}/prompt``
 gives the opening, every tool call is ``POST /{env}/call`` answered by an SSE stream, and
-``POST /delete`` ends it. This adapter speaks that protocol over httpx rather than through the SDK
+``POST /delete`` ends it. This adapter speaks that protocol over HTTP itself rather than through the SDK
 clients, whose env routing, secrets and event-loop handling are broken (docs/backends.md). It
 works against both server flavours (``ors-sdk`` and ``openreward``) and papers over their
 differences:
@@ -33,7 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
 from openenv_gym.adapters import ors_local
@@ -49,6 +48,7 @@ from openenv_gym.adapters.ors_transport import (
     SplitWire as _SplitWire,
     TaskWire as _TaskWire,
     TerminalTool as _TerminalTool,
+    Timeouts,
     ToolOutput as _ToolOutput,
     encode,
 )
@@ -106,8 +106,8 @@ class ORSAdapter(Adapter):
         secrets: passed to the environment at session creation, in the form each server flavour
             reads; redacted from ``env.spec`` and never logged.
         headers: extra HTTP headers for every request (e.g. an API key for a hosted server).
-        connect_timeout, read_timeout: httpx timeouts (``read_timeout`` also bounds writes and the
-            wait for a pooled connection). Keep ``read_timeout`` above 10 s: servers send a
+        connect_timeout, read_timeout: limits of one request: opening a connection, and each read
+            (``read_timeout`` also bounds the wait for a pooled connection). Keep ``read_timeout`` above 10 s: servers send a
             keep-alive comment every 10 s while a tool runs.
         call_timeout: the most one tool call (with its resumes) may take.
         ping_interval: seconds of inactivity after which a session is pinged (servers reap
@@ -151,7 +151,7 @@ class ORSAdapter(Adapter):
         self.listen = listen
         self._secrets = dict(secrets or {})
         self._headers = dict(headers or {})
-        self.timeouts = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
+        self.timeouts = Timeouts(connect=connect_timeout, read=read_timeout)
         self.call_timeout = call_timeout
         self.ping_interval = ping_interval
         self.startup_timeout = startup_timeout
@@ -382,8 +382,8 @@ class ORSAdapter(Adapter):
         A stream that drops after the server announced the call's ``task_id`` is resumed with
         that id (the server replays the result without running the tool again). Arguments that
         cannot be JSON raise :class:`~openenv_gym.adapters.ors_transport.NotJSON` before anything
-        is sent. Timeouts say which limit fired: ``call_timeout`` for the call as a whole, the
-        httpx limits for one request.
+        is sent. Timeouts say which limit fired: ``call_timeout`` for the call as a whole, or
+        ``connect_timeout``/``read_timeout`` for one request.
         """
         transport = self._transport_()
         path = f"/{self.env_name}/call"

@@ -1,22 +1,25 @@
 """HTTP and SSE to one ORS server, behind one error boundary.
 
-The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches httpx: it asks an
+The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches the HTTP client: it asks an
 :class:`ORSTransport` to send a request, fetch and decode an answer, or run a tool call (an SSE
 stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
 encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
 
-Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first
-(as httpx's own ``map_httpcore_exceptions`` does for httpcore)::
+The client under it is aiohttp, chosen by measurement (``benchmarks/client_cost.py``): at 64
+concurrent sessions httpx spent about 1.7 ms of client CPU per env-step, most of it in httpcore's
+pool scanning every connection for each request and in anyio's per-request cancel scopes; aiohttp
+spends about 0.3 ms on the same calls. Other, colder paths (health checks, OpenEnv's HTTP
+endpoints, policies) keep httpx through :func:`make_client`.
 
-    _Retry503 (503 until retries ran out) -> BackendUnavailable
-    msgspec.DecodeError                   -> ServerError          an unreadable answer
-    httpx.TimeoutException                -> BackendTimeout       names the limit that fired:
-        ConnectTimeout                        connect_timeout
-        ReadTimeout, WriteTimeout, PoolTimeout read_timeout
-    httpx.TransportError                  -> BackendUnavailable   says if a local server exited
-    httpx.DecodingError                   -> ServerError          a body httpx cannot decode
-    httpx.RequestError (the rest)         -> BackendUnavailable
-    RuntimeError from a closed client     -> BackendUnavailable   "... is closed"
+Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first::
+
+    _Retry503 (503 until retries ran out)  -> BackendUnavailable
+    msgspec.DecodeError, UnicodeDecodeError -> ServerError        an unreadable answer
+    aiohttp.ConnectionTimeoutError         -> BackendTimeout      connect_timeout (or no free connection)
+    aiohttp.ServerTimeoutError, TimeoutError -> BackendTimeout    read_timeout
+    aiohttp.ClientPayloadError             -> ServerError         a body that cannot be decoded
+    aiohttp.ClientError (the rest)         -> BackendUnavailable  says if a local server exited
+    RuntimeError from a closed client      -> BackendUnavailable  "... is closed"
 
 HTTP statuses become errors in :func:`raise_for_status` (5xx ``ServerError``, ``Invalid split`` /
 ``Invalid index`` ``TaskNotFound``, a lost session ``BackendUnavailable``, other 4xx
@@ -27,13 +30,15 @@ sent. Errors the code raises on purpose (all from :mod:`openenv_gym.errors`) pas
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import functools
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
+import aiohttp
 import httpx
 import msgspec
 
@@ -50,6 +55,8 @@ from openenv_gym.sse import SSEDecoder
 
 __all__ = [
     "ORSTransport",
+    "Timeouts",
+    "Reply",
     "NotJSON",
     "raise_for_status",
     "make_client",
@@ -148,11 +155,30 @@ def encode(body: Any, what: str) -> bytes:
 
 
 # -- HTTP statuses ----------------------------------------------------------------------------------
-def _detail(response: httpx.Response) -> str:
+class Timeouts(NamedTuple):
+    """The limits of one request: ``connect`` to open a connection, ``read`` for each read."""
+
+    connect: float
+    read: float
+
+
+class Reply(NamedTuple):
+    """A whole HTTP response: status, headers and body (read before the connection is reused)."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+def _detail(reply: Reply) -> str:
     try:
-        detail = response.json().get("detail", response.text)
+        detail = json.loads(reply.content).get("detail", reply.text)
     except (ValueError, AttributeError):
-        detail = response.text
+        detail = reply.text
     return detail if isinstance(detail, str) else json.dumps(detail)
 
 
@@ -164,15 +190,15 @@ class _Retry503(BackendError):
         self.after = after
 
 
-def raise_for_status(response: httpx.Response, what: str) -> None:
+def raise_for_status(reply: Reply, what: str) -> None:
     """Raise the typed error an HTTP error status means; return for 1xx-3xx."""
-    code = response.status_code
+    code = reply.status_code
     if code < 400:
         return
-    detail = _detail(response)
+    detail = _detail(reply)
     message = f"{what}: HTTP {code}: {detail}"
     if code == 503:
-        after = response.headers.get("retry-after")
+        after = reply.headers.get("retry-after")
         raise _Retry503(message, float(after) if after and after.replace(".", "", 1).isdigit() else None)
     if code >= 500:
         raise ServerError(message)
@@ -183,13 +209,17 @@ def raise_for_status(response: httpx.Response, what: str) -> None:
     raise ConfigurationError(message)
 
 
+class _StreamEnded(aiohttp.ClientPayloadError):
+    """A tool-call stream that ended before its result (a dropped stream, retried by task_id)."""
+
+
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, _Retry503))
+    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, _Retry503))
 
 
 def _refused(exc: BaseException) -> bool:
     # For requests that must not run twice: only a refused connection or a 503 proves they did not.
-    return isinstance(exc, (httpx.ConnectError, _Retry503))
+    return isinstance(exc, (aiohttp.ClientConnectorError, _Retry503))
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -235,23 +265,31 @@ _JSON = {"Content-Type": "application/json"}
 _SSE = {"Accept": "text/event-stream", "Content-Type": "application/json"}
 
 
+def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
+    # ``connect`` also bounds the wait for a free pooled connection (as httpx's pool timeout did).
+    return aiohttp.ClientTimeout(total=None, connect=t.connect + t.read, sock_connect=t.connect, sock_read=t.read)
+
+
 class ORSTransport:
     """Requests and tool-call streams to one ORS server, every failure a typed error.
 
+    One aiohttp session per transport, made on the runtime loop (where every call must run).
+
     Args:
         url: ``http(s)://...`` or ``unix:<socket path>``.
-        timeouts: httpx timeouts (connect; read, also used for write and pool).
+        timeouts: connect and read limits of one request.
         headers: sent with every request (API keys, a local server's token): never in messages.
-        local: the server is one this process launched (no proxies).
+        local: the server is one this process launched (no proxies from the environment).
         exit_note: for a local server, a coroutine saying how its process exited (or ``""``),
             appended to "cannot be reached" messages.
+        max_connections: the size of the connection pool.
     """
 
     def __init__(
         self,
         url: str,
         *,
-        timeouts: httpx.Timeout,
+        timeouts: Timeouts,
         headers: dict[str, str] | None = None,
         local: bool = False,
         exit_note: Callable[[], Awaitable[str]] | None = None,
@@ -261,14 +299,22 @@ class ORSTransport:
         self.timeouts = timeouts
         self.closed = False
         self._exit_note = exit_note
-        self._client = make_client(
-            url, timeout=timeouts, headers=headers, local=local,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        connector: aiohttp.BaseConnector
+        if url.startswith("unix:"):
+            path = url[len("unix:"):]
+            connector = aiohttp.UnixConnector(path=path[2:] if path.startswith("//") else path, limit=max_connections)
+            self._base = "http://ors"
+        else:
+            connector = aiohttp.TCPConnector(limit=max_connections, ssl=_ssl_context())
+            self._base = url.rstrip("/")
+        self._client = aiohttp.ClientSession(
+            connector=connector, timeout=_client_timeout(timeouts), headers=headers,
+            trust_env=not local and not url.startswith("unix:"), auto_decompress=True,
         )
 
     async def aclose(self) -> None:
         self.closed = True
-        await self._client.aclose()
+        await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -280,27 +326,26 @@ class ORSTransport:
             raise BackendUnavailable(str(exc)) from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 is not a DecodeError
             raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
-        except httpx.TimeoutException as exc:
+        except BackendError:
+            raise
+        except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
             raise BackendTimeout(f"{what}: {self._timeout_text(exc)}") from None
-        except httpx.TransportError as exc:
+        except _StreamEnded as exc:
             raise await self._unreachable(exc) from None
-        except httpx.DecodingError as exc:
+        except aiohttp.ClientPayloadError as exc:
             raise ServerError(f"{what}: the server sent an undecodable body ({exc})") from None
-        except httpx.RequestError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise await self._unreachable(exc) from None
         except RuntimeError as exc:
             if self.closed and not isinstance(exc, RecursionError):
                 raise BackendUnavailable(self._closed_text()) from None
             raise
 
-    def _timeout_text(self, exc: httpx.TimeoutException) -> str:
+    def _timeout_text(self, exc: BaseException) -> str:
         t = self.timeouts
-        if isinstance(exc, httpx.ConnectTimeout):
-            return f"could not connect within connect_timeout={t.connect} s (ConnectTimeout)"
-        if isinstance(exc, httpx.WriteTimeout):
-            return f"could not send the request within read_timeout={t.write} s (WriteTimeout)"
-        if isinstance(exc, httpx.PoolTimeout):
-            return f"no free connection within read_timeout={t.pool} s (PoolTimeout)"
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return (f"could not connect within connect_timeout={t.connect} s, or no free connection within "
+                    f"read_timeout={t.read} s (ConnectionTimeoutError)")
         return f"no response within read_timeout={t.read} s ({type(exc).__name__})"
 
     async def _unreachable(self, exc: BaseException) -> BackendUnavailable:
@@ -316,16 +361,17 @@ class ORSTransport:
 
     # -- requests ----------------------------------------------------------------------------------
     async def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str] | None,
-                    check: bool, timeout: float | None) -> httpx.Response:
+                    check: bool, timeout: float | None) -> Reply:
         if self.closed:
             raise BackendUnavailable(self._closed_text())
-        response = await self._client.request(
-            method, path, content=content, headers=headers,
-            timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-        )
+        # aiohttp reads timeout=None as "no limit at all": pass one only to override the session's.
+        limits = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+        async with self._client.request(method, self._base + path, data=content, headers=headers,
+                                        **limits) as response:
+            reply = Reply(response.status, response.headers, await response.read())
         if check:
-            raise_for_status(response, f"{method} {path}")
-        return response
+            raise_for_status(reply, f"{method} {path}")
+        return reply
 
     async def request(
         self,
@@ -341,8 +387,8 @@ class ORSTransport:
     ) -> Any:
         """Send a request (JSON ``body``, ``X-Session-ID: sid``), retrying only transient failures.
 
-        Returns the response, or with ``decode=<type>`` its body decoded as that type. A request
-        that is not ``idempotent`` is retried only where it provably did not reach the server.
+        Returns the :class:`Reply`, or with ``decode=<type>`` its body decoded as that type. A
+        request that is not ``idempotent`` is retried only where it provably did not reach the server.
         """
         what = f"{method} {path}"
         content = encode(body, f"the body of {what}") if body is not None else None
@@ -352,21 +398,21 @@ class ORSTransport:
         if headers:
             all_headers.update(headers)
 
-        async def once() -> httpx.Response:
+        async def once() -> Reply:
             return await self._send(method, path, content, all_headers or None, check, None)
 
         async with self.errors(what):
-            response = await runtime.retry(
+            reply = await runtime.retry(
                 once, retry_if=_transient if idempotent else _refused, attempts=5, deadline=30.0,
                 delay_for=_retry_after,
             )
-            return response if decode is None else _decoder(decode).decode(response.content)
+            return reply if decode is None else _decoder(decode).decode(reply.content)
 
     async def delete_session(self, sid: str, timeout: float) -> None:
         """``POST /delete``, best effort: a server that is gone or slow reaps the session itself."""
         try:
             await self._send("POST", "/delete", None, {"X-Session-ID": sid}, False, timeout)
-        except (httpx.HTTPError, BackendError, RuntimeError):
+        except (aiohttp.ClientError, OSError, TimeoutError, BackendError, RuntimeError):
             pass  # the server's reaper ends the session after 900 s idle
 
     async def call_tool(
@@ -393,17 +439,18 @@ class ORSTransport:
                 try:
                     if self.closed:
                         raise BackendUnavailable(self._closed_text())
-                    async with self._client.stream("POST", path, content=content, headers=headers) as response:
-                        if response.status_code != 200:
-                            await response.aread()
-                            raise_for_status(response, f"POST {path}")
+                    async with self._client.post(self._base + path, data=content, headers=headers) as response:
+                        if response.status != 200:
+                            raise_for_status(Reply(response.status, response.headers, await response.read()),
+                                             f"POST {path}")
                         decoder = SSEDecoder()
+                        text = codecs.getincrementaldecoder("utf-8")()
                         parts: list[str] = []
                         # Read to the end of the stream even after the result: a response closed
-                        # early makes httpcore drop the connection, and a new one per call costs
-                        # more than the whole rest of the step.
-                        async for text in response.aiter_text():
-                            for event in decoder.feed(text):
+                        # early drops its connection, and a new one per call costs more than the
+                        # whole rest of the step.
+                        async for chunk in response.content.iter_any():
+                            for event in decoder.feed(text.decode(chunk)):
                                 if event.event == "task_id":
                                     task_id = event.data
                                 elif event.event == "chunk":
@@ -418,25 +465,25 @@ class ORSTransport:
                                             "has the call's result (kept 60 s); it may or may not have run"
                                         )
                                     outcome = event.data
-                        for event in decoder.close():
+                        for event in decoder.feed(text.decode(b"", final=True)) + decoder.close():
                             if event.event == "end" and outcome is None:
                                 parts.append(event.data)
                                 outcome = _decode_result("".join(parts))
                         if outcome is not None:
                             return outcome
-                        raise httpx.RemoteProtocolError("the tool-call stream ended before its result")
+                        raise _StreamEnded("the tool-call stream ended before its result")
                 except _Retry503 as exc:
                     last_exc = exc
                     await asyncio.sleep(exc.after if exc.after is not None else backoff.delay(attempt))
-                except httpx.TimeoutException:
+                except (aiohttp.ServerTimeoutError, TimeoutError):
                     raise
-                except httpx.TransportError as exc:
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                     if outcome is not None:  # the result arrived; only the stream's tail was lost
                         return outcome
                     # Before the server announced a task_id the tool may not have started; only a
                     # refused connection proves that, so anything else is not retried blindly.
-                    if task_id is None and not isinstance(exc, httpx.ConnectError):
+                    if task_id is None and not isinstance(exc, aiohttp.ClientConnectorError):
                         raise
                     last_exc = exc
                     await asyncio.sleep(backoff.delay(attempt))
-            raise last_exc or httpx.RemoteProtocolError("no attempt made")
+            raise last_exc or _StreamEnded("no attempt made")
