@@ -76,15 +76,18 @@ def main() -> None:
             times = [time_load(empty, catalog, n, args.timeout) for _ in range(args.reps)]
             med = statistics.median(times)
             rows.append({"entries": n, "median_s": med, "min_s": min(times), "max_s": max(times),
-                         "us_per_entry": med / n * 1e6})
+                         "us_per_entry": med / n * 1e6, "times": times})
             print(f"{n:>8} {med:>9.3f} {min(times):>7.3f}-{max(times):<7.3f} {med / n * 1e6:>9.1f}", flush=True)
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
         growth = last["median_s"] / first["median_s"]
         print(f"{last['entries'] / first['entries']:.0f}x the entries took {growth:.1f}x the time "
               "(linear: about the same factor)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    from figures import figure, write
+
+    figures = [figure(f"catalog load, {r['entries']:,} entries", r["times"], unit="s", higher_is_better=False)
+               for r in rows]
+    write(args.json, figures, rows)
 
 
 if __name__ == "__main__":

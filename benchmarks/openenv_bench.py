@@ -6,9 +6,9 @@ episodes on it: ``reset``, then RIGHT, RIGHT, DOWN, DOWN (the goal: ``done``).
 
 * **single**: ``gym.make("openenv/OpenEnv-v0", url=...)`` vs OpenEnv's ``GenericEnvClient`` used
   synchronously (0.10.0 clients block when no event loop runs), env-steps/s.
-* **vector**: ``gym.make_vec(..., num_envs=64)`` (ConcurrentVectorEnv, SAME_STEP autoreset, so every
-  vector step is 64 real env steps) vs 64 ``GenericEnvClient``s used asynchronously and gathered on
-  one event loop, env-steps/s.
+* **vector**: ``gym.make_vec(..., num_envs=64)`` (ConcurrentVectorEnv, SAME_STEP autoreset, first-ready
+  ``send``/``recv`` in batches of 16, as a trainer collecting rollouts drives it) vs 64
+  ``GenericEnvClient``s used asynchronously and gathered on one event loop, env-steps/s.
 
 The two sides alternate in rounds (the machine is shared and noisy); reported: the median of the
 per-round ratios (ours / OpenEnv's) with their min and max, and each side's client CPU per env-step
@@ -111,16 +111,31 @@ def openenv_single(client, episodes: int) -> tuple[float, float]:
 
 # -- 64 sub-envs -------------------------------------------------------------------------------------
 def gym_vector(envs, episodes: int) -> tuple[float, float]:
+    """Each sub-env plays ``episodes`` episodes; first-ready batches, as the OpenEnv side gathers
+    64 independent loops (lockstep ``step`` would add a barrier the other side does not have)."""
     envs.reset()
-    actions = {m: [_call(m)] * NUM_ENVS for m in MOVES}
+    actions = [_call(m) for m in MOVES]
+    turn = [0] * NUM_ENVS
+    left = [episodes] * NUM_ENVS
     steps = 0
     with Meter() as meter:
-        for _ in range(episodes):
-            for move in MOVES:
-                _, _, terminated, truncated, infos = envs.step(actions[move])
-                assert "error" not in infos, infos.get("error")
-                steps += NUM_ENVS
-            assert terminated.all()
+        envs.send([actions[0]] * NUM_ENVS)
+        active = NUM_ENVS
+        while active:
+            batch = envs.recv(min(16, active))
+            ids, moves = [], []
+            for k, i in enumerate(batch.env_ids.tolist()):
+                steps += 1
+                turn[i] += 1
+                if batch.terminations[k] or batch.truncations[k]:
+                    assert batch.terminations[k] and turn[i] == len(MOVES), "every episode reaches the goal"
+                    turn[i], left[i] = 0, left[i] - 1
+                    if left[i] == 0:
+                        active -= 1
+                        continue
+                ids.append(i), moves.append(actions[turn[i]])
+            if ids:
+                envs.send(moves, ids)
     return meter.result(steps)
 
 
@@ -157,7 +172,7 @@ def summary(name: str, ours: list[tuple[float, float]], theirs: list[tuple[float
            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
            "ours_cpu_us_per_step": statistics.median(c for _, c in ours),
            "openenv_cpu_us_per_step": statistics.median(c for _, c in theirs),
-           "cpu_ratio_median": statistics.median(cpu_ratios), "rounds": len(ratios)}
+           "cpu_ratio_median": statistics.median(cpu_ratios), "rounds": len(ratios), "ratios": ratios}
     print(f"{name:<8} openenv_gym {out['ours_steps_per_s']:8.1f} steps/s   OpenEnv client "
           f"{out['openenv_steps_per_s']:8.1f} steps/s   ratio median {out['ratio_median']:.2f} "
           f"(min {out['ratio_min']:.2f}, max {out['ratio_max']:.2f}, {len(ratios)} rounds)", flush=True)
@@ -167,13 +182,8 @@ def summary(name: str, ours: list[tuple[float, float]], theirs: list[tuple[float
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=100, help="episodes per round, single env")
-    parser.add_argument("--vector-episodes", type=int, default=10, help="episodes per sub-env per round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+def run(rounds: int, episodes: int, vector_episodes: int) -> list[dict]:
+    """Both cases, ``rounds`` alternating rounds each; returns one summary per case."""
     from openenv.core.generic_client import GenericEnvClient
 
     proc, url = start_server()
@@ -183,9 +193,11 @@ def main() -> None:
         client = GenericEnvClient(base_url=url)
         gym_single(env, 5), openenv_single(client, 5)  # warm-up
         ours, theirs = [], []
-        for _ in range(args.rounds):
-            ours.append(gym_single(env, args.episodes))
-            theirs.append(openenv_single(client, args.episodes))
+        for r in range(rounds):
+            if r % 2 == 0:
+                ours.append(gym_single(env, episodes)), theirs.append(openenv_single(client, episodes))
+            else:
+                theirs.append(openenv_single(client, episodes)), ours.append(gym_single(env, episodes))
         client.close()
         env.close()
         results.append(summary("single", ours, theirs))
@@ -193,9 +205,13 @@ def main() -> None:
         envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=NUM_ENVS, url=url, autoreset_mode="SameStep")
         gym_vector(envs, 1)
         ours, theirs = [], []
-        for _ in range(args.rounds):
-            ours.append(gym_vector(envs, args.vector_episodes))
-            theirs.append(asyncio.run(openenv_vector(url, args.vector_episodes)))
+        for r in range(rounds):
+            if r % 2 == 0:
+                ours.append(gym_vector(envs, vector_episodes))
+                theirs.append(asyncio.run(openenv_vector(url, vector_episodes)))
+            else:
+                theirs.append(asyncio.run(openenv_vector(url, vector_episodes)))
+                ours.append(gym_vector(envs, vector_episodes))
         envs.close()
         results.append(summary(f"vec{NUM_ENVS}", ours, theirs))
     finally:
@@ -204,8 +220,21 @@ def main() -> None:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=100, help="episodes per round, single env")
+    parser.add_argument("--vector-episodes", type=int, default=10, help="episodes per sub-env per round")
+    parser.add_argument("--reps", "--rounds", dest="rounds", type=int, default=5, help="rounds")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    results = run(args.rounds, args.episodes, args.vector_episodes)
+    from figures import figure, write
+
+    write(args.json, [figure(f"OpenEnv {r['case']}: openenv_gym vs OpenEnv's client", r["ratios"], target=1.0)
+                      for r in results], results)
 
 
 if __name__ == "__main__":

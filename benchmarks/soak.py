@@ -136,8 +136,17 @@ def main(argv: list[str] | None = None) -> int:
           f"child processes {a['children']} -> {z['children']}")
     print(f"  errors       {r['errors']} {r['error_kinds'] or ''} (target 0)")
     print(f"  after close  {r['leftover_processes']} processes, {len(r['leftover_temp_entries'])} temp entries (target 0, 0)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
+    from figures import figure, write
+
+    note = f"{r['num_envs']} sub-envs for {r['seconds'] / 60:.0f} min"
+    write(args.json, [
+        figure("soak: RSS growth after warm-up", [100 * g["rss_mib"]], unit="%", target=5.0, higher_is_better=False,
+               note=note),
+        figure("soak: errors", [r["errors"]], unit="", target=0, higher_is_better=False, note=note),
+        figure("soak: processes and temp entries left after close",
+               [r["leftover_processes"] + len(r["leftover_temp_entries"])], unit="", target=0,
+               higher_is_better=False, note=note),
+    ], r)
     ok = g["rss_mib"] < 0.05 and r["errors"] == 0 and not r["leftover_processes"] and not r["leftover_temp_entries"]
     return 0 if ok else 1
 

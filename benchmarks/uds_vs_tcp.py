@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per mode per round, concurrent")
     parser.add_argument("--sessions", type=int, default=32, help="concurrent sessions")
     parser.add_argument("--per-client", type=int, default=8, help="sessions per adapter (connection pool)")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reps", "--rounds", dest="rounds", type=int, default=7, help="rounds")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
 
@@ -192,8 +192,13 @@ def main() -> None:
               f"   (median unix {summary[f'{kind}_unix_steps_per_sec']:.1f}, tcp {summary[f'{kind}_tcp_steps_per_sec']:.1f})")
         print(f"{label}  cpu/step    tcp/unix: {_summary([r[f'cpu_ratio_{kind}'] for r in rows])}"
               f"   (median unix {summary[f'{kind}_unix_cpu_us_per_step']:.0f} us, tcp {summary[f'{kind}_tcp_cpu_us_per_step']:.0f} us)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rounds": rows, "summary": summary, "args": vars(args)}, indent=2))
+    from figures import figure, write
+
+    write(args.json, [
+        figure("Unix socket vs TCP, single env, env-steps/s", [r["rate_ratio_single"] for r in rows], target=1.0),
+        figure(f"Unix socket vs TCP, {args.sessions} concurrent, env-steps/s", [r["rate_ratio_concurrent"] for r in rows],
+               target=1.0),
+    ], {"rounds": rows, "summary": summary, "args": vars(args)})
 
 if __name__ == "__main__":
     main()

@@ -159,9 +159,16 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    from figures import figure, write
+
     result = bench_v0(args.reps, args.episodes)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    rounds = result["rounds"]
+    write(args.json, [
+        figure("Verifiers v0: adapter episode vs the library's own rollout", [r["episode_ratio"] for r in rounds],
+               target=0.95),
+        figure("Verifiers v0: AgentEnv.step vs the library's own rollout", [r["gym_ratio"] for r in rounds],
+               target=0.90),
+    ], result)
 
 
 if __name__ == "__main__":

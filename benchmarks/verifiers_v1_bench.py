@@ -182,9 +182,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    from figures import figure, write
+
     result = bench_v1(args.reps, args.episodes, args.steps)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    rounds = result["rounds"]
+    write(args.json, [
+        figure("Verifiers v1: AgentEnv.step model turn vs the library's", [r["step_ratio"] for r in rounds]),
+        figure("Verifiers v1: whole episodes vs the library's", [r["episode_ratio"] for r in rounds]),
+    ], result)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
 
     def _run(self, coro: Any, what: str) -> Any:
         """Run one call of this env on the runtime loop, bounded by ``step_timeout``."""
-        return runtime.run_sync(runtime.within(coro, self.step_timeout, what))
+        return runtime.run_sync(coro, self.step_timeout, what=what)
 
     @contextlib.contextmanager
     def _one_caller(self, what: str) -> Iterator[None]:

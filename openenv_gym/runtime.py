@@ -156,13 +156,17 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     return asyncio.run_coroutine_threadsafe(coro, get_loop())
 
 
-def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None, *, what: str | None = None,
+             limit: str = "step_timeout") -> T:
     """Run ``coro`` on the runtime loop and block until it finishes.
 
     Args:
         coro: the coroutine to run.
         timeout: seconds to wait; on expiry the coroutine is cancelled and
             :class:`~openenv_gym.errors.BackendTimeout` is raised, so a sync caller never hangs.
+        what, limit: name the operation and the limit in that error (``"step did not finish
+            within step_timeout=0.5 s"``), as :func:`within` does; the caller's thread keeps the
+            time, so a step costs no timer on the loop.
 
     Any interruption of the wait (``KeyboardInterrupt``, ``SystemExit``, the timeout) cancels the
     coroutine and waits up to a few seconds for the cancellation to run through it, so no work
@@ -177,7 +181,7 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     except RuntimeClosed:
         coro.close()
         raise
-    done = threading.Event()
+    done = _Signal()
     box: list[asyncio.Task[T]] = []
 
     def start() -> None:
@@ -186,16 +190,18 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         box.append(task)
 
     loop.call_soon_threadsafe(start)
-    limit = _bounded(timeout)
+    budget = _bounded(timeout)
     try:
-        finished = _wait(done, limit)
+        finished = _wait(done, budget)
     except BaseException:
         _cancel(loop, box, done)
         raise
     if not finished:
         _cancel(loop, box, done)
-        if limit != timeout:
+        if budget != timeout:
             raise BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
+        if what is not None:
+            raise BackendTimeout(f"{what} did not finish within {limit}={timeout} s")
         raise BackendTimeout(f"operation did not finish within {timeout} s")
     task = box[0]
     if task.cancelled():  # cancelled on the loop by someone else (the loop is stopping)
@@ -203,7 +209,37 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     return task.result()
 
 
-def _wait(done: threading.Event, limit: float | None) -> bool:
+class _Signal:
+    """A one-shot flag set on the loop and awaited by one thread: a bare lock, the cheapest wake-up.
+
+    ``threading.Event`` builds a Condition and a waiter lock per wait; a step of a single env
+    waits once, so that cost is paid on every step.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:  # only ever called on the loop thread
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            self._lock.release()  # later waits (the cancel grace) return at once
+        return self._set
+
+
+def _wait(done: _Signal, limit: float | None) -> bool:
     """``done.wait(limit)`` in short slices, so Ctrl-C is seen within one slice.
 
     A SIGINT may be delivered to any thread (the loop's, say); the main thread then runs Python's
@@ -219,7 +255,7 @@ def _wait(done: threading.Event, limit: float | None) -> bool:
             return True
 
 
-def _cancel(loop: asyncio.AbstractEventLoop, box: list[asyncio.Task[Any]], done: threading.Event) -> None:
+def _cancel(loop: asyncio.AbstractEventLoop, box: list[asyncio.Task[Any]], done: _Signal) -> None:
     """Cancel the task ``run_sync`` started and give it a moment to unwind its ``finally`` blocks."""
     def cancel() -> None:
         if box:  # ``start`` was scheduled first, so it has run unless the loop stopped

@@ -1,0 +1,192 @@
+"""Run every benchmark and write one table: the figures the README shows, reproducible by anyone.
+
+Each benchmark runs in its own process with ``--json``; every figure it reports is the median of
+its repeats with their min and max, next to its target. The table (markdown) and everything
+behind it (JSON) are written with the machine they ran on, so a figure is never typed by hand::
+
+    python benchmarks/run_all.py                      # every benchmark, default repeats
+    python benchmarks/run_all.py --only peers,vector  # some of them
+    python benchmarks/run_all.py --quick              # fewer repeats and shorter runs (a smoke run)
+
+Writes ``benchmarks/results.md`` and ``benchmarks/results.json`` (``--out`` to change), and each
+benchmark's own output to ``<out>.logs/<name>.log``. A benchmark that fails or needs a missing
+extra gets a row saying so; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+# name, script, arguments, arguments with --quick, needs (importable modules), timeout (s)
+BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
+    ("overhead", "overhead.py", ["--reps", "5", "--episodes", "200"], ["--reps", "2", "--episodes", "40"], [], 1200),
+    ("vector", "vector.py", ["--reps", "3", "--seconds", "6"], ["--reps", "1", "--seconds", "2"], [], 2400),
+    ("peers", "peers.py", ["--reps", "5", "--episodes", "60"], ["--reps", "2", "--episodes", "20"],
+     ["ors", "openreward", "openenv", "verifiers"], 2400),
+    ("server_workers", "server_workers.py", ["--reps", "3"], ["--reps", "1"], [], 1800),
+    ("ray", "ray_bench.py", ["--reps", "3"], ["--reps", "1"], ["ray"], 2400),
+    ("uds_vs_tcp", "uds_vs_tcp.py", ["--reps", "5"], ["--reps", "1", "--episodes", "30", "--seconds", "1"], [], 1200),
+    ("verifiers_v1", "verifiers_v1_bench.py", ["--reps", "3"], ["--reps", "1", "--episodes", "2"], ["verifiers"], 1800),
+    ("catalog", "catalog_load.py", ["--sizes", "1000,10000", "--reps", "3"], ["--sizes", "1000", "--reps", "1"], [], 1200),
+    ("wrappers", "wrappers_cost.py", ["--reps", "5"], ["--reps", "1"], [], 900),
+    ("grouped", "grouped.py", ["--reps", "3"], ["--reps", "1"], [], 1200),
+    ("soak", "soak.py", ["--num-envs", "1024", "--minutes", "5"], ["--num-envs", "128", "--minutes", "0.5"], [], 1500),
+]
+
+PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httpx", "ray", "ors-sdk", "openreward", "openenv",
+            "verifiers", "mcp", "websockets"]
+
+
+def machine() -> dict[str, Any]:
+    """What the figures ran on (no host names, users or paths)."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor()
+    try:
+        mem = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+        mem_gib = round(mem / 2**20, 1)
+    except (OSError, StopIteration):
+        mem_gib = None
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": mem_gib, "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(), "packages": versions, "commit": commit,
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _missing(modules: list[str]) -> list[str]:
+    import importlib.util
+
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def run_one(name: str, script: str, args: list[str], timeout: float, logs: Path) -> dict[str, Any]:
+    """Run one benchmark in its own process; its figures, or why there are none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        log = logs / f"{name}.log"
+        start = time.monotonic()
+        with open(log, "w") as fh:
+            try:
+                proc = subprocess.run([sys.executable, str(HERE / script), *args, "--json", str(out)], cwd=HERE,
+                                      stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        seconds = time.monotonic() - start
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        if code != 0 or not out.exists():
+            why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}: {' / '.join(tail)[-300:]}"
+            return {"name": name, "ok": False, "error": why, "seconds": seconds, "figures": []}
+        data = json.loads(out.read_text())
+        return {"name": name, "ok": True, "seconds": seconds, "figures": data.get("figures", []),
+                "details": data.get("details")}
+
+
+def _fmt(x: float, unit: str) -> str:
+    if unit == "x":
+        return f"{x:.2f}x"
+    if abs(x) >= 100:
+        return f"{x:,.0f} {unit}".strip()
+    return f"{x:.3g} {unit}".strip()
+
+
+def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> str:
+    pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+    lines = [
+        f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, {info['memory_gib']} GiB), "
+        f"{info['os']}, Python {info['python']}; commit {info['commit']}; {pk}.",
+        f"Command: `{command}`. Each figure: median of the repeats (min-max); ratios are ours / the baseline "
+        "measured in the same run.",
+        "",
+        "| benchmark | figure | median | min-max | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        if not run["ok"]:
+            lines.append(f"| {run['name']} | (did not run: {run['error']}) | | | | |")
+            continue
+        for f in run["figures"]:
+            target = "" if f.get("target") is None else (">= " if f.get("higher_is_better", True) else "<= ") + \
+                _fmt(f["target"], f["unit"])
+            met = "" if f.get("met") is None else ("yes" if f["met"] else "**no**")
+            name = f["name"] + (f" ({f['note']})" if f.get("note") else "")
+            lines.append(f"| {run['name']} | {name} | {_fmt(f['median'], f['unit'])} | "
+                         f"{_fmt(f['min'], f['unit'])} - {_fmt(f['max'], f['unit'])} | {target} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated benchmark names: " + ",".join(b[0] for b in BENCHES))
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
+    parser.add_argument("--out", default=str(HERE / "results"), help="output stem (.md and .json are added)")
+    args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    if only and (unknown := only - {b[0] for b in BENCHES}):
+        parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    out = Path(args.out)
+    logs = Path(str(out) + ".logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    runs = []
+    for name, script, full, quick, needs, timeout in BENCHES:
+        if only is not None and name not in only:
+            continue
+        if not (HERE / script).exists():
+            runs.append({"name": name, "ok": False, "error": f"{script} is missing", "figures": []})
+            continue
+        if missing := _missing(needs):
+            runs.append({"name": name, "ok": False, "error": f"needs {', '.join(missing)}", "figures": []})
+            continue
+        print(f"== {name}: {script} {' '.join(quick if args.quick else full)}", flush=True)
+        run = run_one(name, script, quick if args.quick else full, timeout, logs)
+        runs.append(run)
+        for f in run["figures"]:
+            print(f"   {f['name']}: {_fmt(f['median'], f['unit'])} ({_fmt(f['min'], f['unit'])} - "
+                  f"{_fmt(f['max'], f['unit'])})" + ("" if f.get("met") is None else f"  met={f['met']}"), flush=True)
+        if not run["ok"]:
+            print(f"   did not run: {run['error']}", flush=True)
+    command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "") + \
+        (f" --only {args.only}" if args.only else "")
+    table = markdown(runs, info, command)
+    Path(str(out) + ".md").write_text(table)
+    Path(str(out) + ".json").write_text(json.dumps({"machine": info, "command": command, "runs": runs}, indent=2,
+                                                   default=str))
+    print()
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
