@@ -151,6 +151,14 @@ def in_runtime_thread() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
+def post(callback: Callable[..., Any], *args: Any) -> None:
+    """Run ``callback(*args)`` on the runtime loop soon, without waiting (callbacks keep their order)."""
+    try:
+        get_loop().call_soon_threadsafe(callback, *args)
+    except RuntimeError as exc:  # closed between get_loop() and the call: the runtime is stopping
+        raise RuntimeClosed(f"the runtime loop is stopping ({exc})") from None
+
+
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Schedule ``coro`` on the runtime loop and return a thread-safe future."""
     return asyncio.run_coroutine_threadsafe(coro, get_loop())

@@ -177,6 +177,13 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         runtime.track(self)
 
     # -- what a backend implements -------------------------------------------------------------
+    def _dispatch(self, ops: list[Op]) -> None:
+        """Hand ``ops`` to the backend from the caller's thread (``send``); returns once they are out.
+
+        Backends whose ``_execute`` only schedules work may post it without waiting for the loop.
+        """
+        runtime.run_sync(self._execute(ops))
+
     @abc.abstractmethod
     async def _execute(self, ops: list[Op]) -> None:
         """Start running ``ops`` (one per sub-env) and return; deliver each result to
@@ -451,7 +458,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                     kind = "step_reset" if self.autoreset_mode == AutoresetMode.SAME_STEP else "step"
                     ops.append(self._new_op(i, kind, action=action))
             try:
-                runtime.run_sync(self._execute(ops))
+                self._dispatch(ops)
             except BaseException:
                 self._abandon([op.env_id for op in ops if self._subs[op.env_id].request == op.req_id],
                               "a send() was interrupted before its request went out; the sub-env was reset")

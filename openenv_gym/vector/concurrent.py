@@ -82,9 +82,18 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         return EnvSession(adapter, split=self._split, max_turns=self._max_turns)
 
     async def _execute(self, ops: list[Op]) -> None:
-        loop = asyncio.get_running_loop()
+        self._start_ops(ops)
+
+    def _start_ops(self, ops: list[Op]) -> None:
+        loop = runtime.get_loop()
         for op in ops:
             self._tasks[op.env_id] = loop.create_task(self._run(op))
+
+    def _dispatch(self, ops: list[Op]) -> None:
+        # Starting the ops' tasks cannot fail, so ``send`` posts them and returns without a round
+        # trip to the loop: what runs next on the loop (a ``recv``'s wait, ``close``) comes after
+        # them, as the loop runs callbacks in the order they were posted.
+        runtime.post(self._start_ops, ops)
 
     async def _run(self, op: Op) -> None:
         if op.recreate:
