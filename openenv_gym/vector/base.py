@@ -500,6 +500,39 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             self._collect(ready)
             return batch
 
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        """Gymnasium's ``VectorEnv._add_info``, result for result, without its per-call waste.
+
+        Gymnasium builds a fresh mask array for every key of every sub-env's info (the default of
+        ``dict.get`` is evaluated even when the mask exists); over the many small infos of a
+        first-ready batch that was most of the cost of assembling a batch.
+        """
+        for key, value in env_info.items():
+            if key == "final_obs":
+                array = vector_infos.get("final_obs")
+                if array is None:
+                    array = np.full(self.num_envs, fill_value=None, dtype=object)
+                array[env_num] = value
+            elif isinstance(value, dict):
+                array = self._add_info(vector_infos.get(key, {}), value, env_num)
+            else:
+                array = vector_infos.get(key)
+                if array is None:
+                    kind = type(value)
+                    if kind in (int, float, bool) or issubclass(kind, np.number):
+                        array = np.zeros(self.num_envs, dtype=kind)
+                    elif isinstance(value, np.ndarray):
+                        array = np.zeros((self.num_envs, *value.shape), dtype=value.dtype)
+                    else:
+                        array = np.full(self.num_envs, fill_value=None, dtype=object)
+                array[env_num] = value
+            mask = vector_infos.get(f"_{key}")
+            if mask is None:
+                mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask[env_num] = True
+            vector_infos[key], vector_infos[f"_{key}"] = array, mask
+        return vector_infos
+
     def _recv_ready(self, batch_size: int | None, timeout: float | None) -> list[int]:
         in_flight = sum(sub.busy for sub in self._subs)
         count = in_flight if batch_size is None else min(batch_size, in_flight)
