@@ -31,7 +31,9 @@ between episodes is replaced; a socket whose request failed or was cancelled is 
 reused. A local ``source`` (an environment folder or an installed environment package) is served
 privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.ors_local`), with
 ``MAX_CONCURRENT_ENVS`` high enough for the vector env asking (``expected_sessions``, which
-``gym.make_vec`` passes).
+``gym.make_vec`` passes), in ``server_workers`` processes: each episode's socket goes to the
+worker with the fewest episodes in flight (ties round-robin), whose environment instance it
+then holds to the end, and idle sockets are pooled per worker.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import enum
+import functools
 import os
 from typing import Any
 
@@ -68,9 +71,10 @@ DEFAULT_MAX_CONCURRENT_ENVS = 256
 """The least ``MAX_CONCURRENT_ENVS`` a launched ``source`` gets (unless ``max_concurrent_envs`` says
 otherwise); a vector env of more sub-envs gets a server sized for it (``expected_sessions``)."""
 
-# Servers this process launched, per (root, app, python, listen), with the MAX_CONCURRENT_ENVS
-# each was started with: an adapter shares a running one that allows the sessions it expects.
-_launched: dict[tuple[str, ...], list[tuple[int, ors_local.LocalServer]]] = {}
+# Servers this process launched, per (root, app, python, listen, workers), with the
+# MAX_CONCURRENT_ENVS each was started with: an adapter shares a running one that allows the
+# sessions it expects.
+_launched: dict[tuple[str, ...], list[tuple[int, ors_local.ServerGroup]]] = {}
 
 _RESERVED = frozenset(("reward", "done", "metadata"))
 
@@ -230,6 +234,12 @@ class OpenEnvAdapter(Adapter):
             that many sessions: this adapter shares a running server of the same source that
             does, and otherwise gets its own, sized for it (a server in use is never restarted
             under its other users' episodes). Ignored with ``url=`` (size that server yourself).
+        server_workers: how many server processes serve a ``source``, each allowing
+            ``MAX_CONCURRENT_ENVS`` sessions (an episode's WebSocket lives in one: it goes to the
+            worker with the fewest episodes in flight, ties round-robin). Default: 1 for a single
+            env; for a vector env one per 8 sub-envs it runs, at most one per core (and 8); see
+            :func:`~openenv_gym.adapters.ors_local.default_workers`. A CPU-bound environment
+            needs more than one to use more than one core. Ignored with ``url=``.
         connect_timeout: seconds to open a connection.
         read_timeout: seconds to wait for one reply (a reset, a step); on expiry the socket is
             closed and :class:`~openenv_gym.errors.BackendTimeout` names this limit.
@@ -252,6 +262,7 @@ class OpenEnvAdapter(Adapter):
         listen: str = "unix",
         max_concurrent_envs: int | None = None,
         expected_sessions: int | None = None,
+        server_workers: int | None = None,
         connect_timeout: float = 10.0,
         read_timeout: float | None = 300.0,
         capacity_wait: float = 10.0,
@@ -273,6 +284,7 @@ class OpenEnvAdapter(Adapter):
             raise ConfigurationError(
                 f"max_concurrent_envs={max_concurrent_envs} is fewer than the {expected_sessions} sub-envs "
                 "that will run at once; raise it, or leave it out to size the server for them")
+        self.server_workers = ors_local.check_workers(server_workers)
         if headers is not None and not (isinstance(headers, dict)
                                         and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
             raise ConfigurationError("headers must be a dict of strings")
@@ -292,10 +304,11 @@ class OpenEnvAdapter(Adapter):
         self._headers = dict(headers or {})
         self.manifest = dict(manifest or {})
         self._state = _State.NEW
-        self._transport: OpenEnvTransport | None = None
-        self._server: ors_local.LocalServer | None = None
+        self._transport: OpenEnvTransport | None = None  # a url= server's
+        self._server: ors_local.ServerGroup | None = None  # a source's workers
+        self._links: dict[ors_local.LocalServer, OpenEnvTransport] = {}  # one transport per worker
         self._relaunch: asyncio.Lock | None = None
-        self._idle: list[Channel] = []
+        self._idle: dict[ors_local.LocalServer | None, list[Channel]] = {}  # per worker (None: url=)
         self.mcp = False
         self.task_api = False
         self.name: str | None = None
@@ -326,11 +339,12 @@ class OpenEnvAdapter(Adapter):
 
         assert self.source is not None
         found = resolve_source(self.source)
-        base = (found.root, found.app, self.python or "", self.listen)
+        workers = self.server_workers or ors_local.default_workers(self.expected_sessions)
+        base = (found.root, found.app, self.python or "", self.listen, str(workers))
         sessions = self._sessions_for(base)
         server = await ors_local.acquire(
             found.root, found.app, found.name, python=self.python, startup_timeout=self.startup_timeout,
-            listen=self.listen, app=found.app, label="OpenEnv server",
+            listen=self.listen, app=found.app, label="OpenEnv server", workers=workers,
             env={"MAX_CONCURRENT_ENVS": str(sessions), "ENABLE_WEB_INTERFACE": "false"},
         )
         if self._state is _State.CLOSED:  # closed while the server started: never leak it
@@ -341,9 +355,15 @@ class OpenEnvAdapter(Adapter):
             launched.append((sessions, server))
         self._server, self.sessions_limit = server, sessions
         self.env_name = self.env_name or found.name
-        self._transport = OpenEnvTransport(
-            server.url, headers={**self._headers, **server.auth_headers()}, connect_timeout=self.connect_timeout,
-            read_timeout=self.read_timeout, local=True, exit_note=self._exit_note)
+
+    def _link(self, worker: ors_local.LocalServer) -> OpenEnvTransport:
+        """The transport to one worker of the local server (made on first use)."""
+        transport = self._links.get(worker)
+        if transport is None:
+            transport = self._links[worker] = OpenEnvTransport(
+                worker.url, headers={**self._headers, **worker.auth_headers()}, connect_timeout=self.connect_timeout,
+                read_timeout=self.read_timeout, local=True, exit_note=functools.partial(self._exit_note, worker))
+        return transport
 
     def _sessions_for(self, base: tuple[str, ...]) -> int:
         """``MAX_CONCURRENT_ENVS`` to launch (or find) this adapter's server with.
@@ -358,7 +378,7 @@ class OpenEnvAdapter(Adapter):
         if self.max_concurrent_envs is not None:
             return self.max_concurrent_envs
         need = self.expected_sessions or 1
-        running = [(limit, s) for limit, s in _launched.get(base, []) if s.users > 0 and s.alive()]
+        running = [(limit, s) for limit, s in _launched.get(base, []) if s.users > 0 and not s.closed]
         _launched[base] = running
         fits = [limit for limit, _ in running if limit >= need]
         return max(fits) if fits else max(DEFAULT_MAX_CONCURRENT_ENVS, need)
@@ -402,13 +422,19 @@ class OpenEnvAdapter(Adapter):
         return {"seed": 0}
 
     def _transport_(self) -> OpenEnvTransport:
+        """The transport for HTTP routes (the first worker's, for a local source)."""
         self._check_open()
+        if self._server is not None:
+            return self._link(self._server.workers[0])
         if self._transport is None:
             raise BackendUnavailable("the OpenEnv adapter is not started")
         return self._transport
 
     async def ensure_server(self) -> None:
-        """Relaunch a local server that died; only the first of many concurrent resets does it."""
+        """Restart local server workers that died; only the first of many concurrent resets does it.
+
+        Episodes on the other workers go on; sockets to a replaced worker are dropped.
+        """
         self._check_open()
         if self.source is None:
             return
@@ -418,38 +444,47 @@ class OpenEnvAdapter(Adapter):
             return
         async with self._relaunch:
             self._check_open()
-            if self._server is None or not self._server.alive():
-                old, self._server = self._server, None
-                for channel in self._idle:
-                    channel.abort()
-                self._idle.clear()
-                if old is not None:
-                    await asyncio.to_thread(ors_local.release, old)
-                if self._transport is not None:
-                    transport, self._transport = self._transport, None
-                    await transport.aclose()
+            if self._server is None:
                 await self._launch()
+            elif not self._server.alive():
+                await self._server.heal()
+            self._check_open()
+            current = set(self._server.workers) if self._server is not None else set()
+            for worker in [w for w in self._idle if w not in current]:
+                for channel in self._idle.pop(worker):
+                    channel.abort()
+            for worker in [w for w in self._links if w not in current]:
+                await self._links.pop(worker).aclose()
 
     def server_died(self) -> bool:
-        """True if this adapter launched a local server that is no longer running."""
+        """True if this adapter launched a local server one of whose workers is no longer running."""
         return self._server is not None and not self._server.alive()
 
     def server_pid(self) -> int | None:
-        """PID of the local server process, if this adapter launched one."""
+        """PID of the local server process (the first worker's), if this adapter launched one."""
         return self._server.pid if self._server is not None else None
 
+    def server_pids(self) -> list[int]:
+        """PIDs of the local server's workers, in slot order (``[]`` with ``url=``)."""
+        return self._server.pids() if self._server is not None else []
+
+    def server_sessions(self) -> list[int]:
+        """Episodes in flight on each worker, in slot order, over every adapter sharing them."""
+        return self._server.sessions() if self._server is not None else []
+
     def connection(self) -> dict[str, Any]:
-        """``url`` and ``headers`` another client needs to reach this adapter's server (headers are secret)."""
-        transport = self._transport_()
+        """``url`` and ``headers`` another client needs to reach this adapter's server (headers are secret).
+
+        With several workers that is the first one.
+        """
+        self._check_open()
         headers = dict(self._headers)
         if self._server is not None:
             headers.update(self._server.auth_headers())
-        return {"url": transport.url, "headers": headers}
+            return {"url": self._server.url, "headers": headers}
+        return {"url": self._transport_().url, "headers": headers}
 
-    async def _exit_note(self) -> str:
-        server = self._server
-        if server is None:
-            return ""
+    async def _exit_note(self, server: ors_local.LocalServer) -> str:
         for _ in range(25):
             if not server.alive():
                 return f"; the server process exited with code {server.process.returncode}"
@@ -458,11 +493,14 @@ class OpenEnvAdapter(Adapter):
 
     async def aclose(self) -> None:
         self._state = _State.CLOSED
-        idle, self._idle = self._idle, []
+        idle = [c for channels in self._idle.values() for c in channels]
+        self._idle = {}
         await asyncio.gather(*(c.aclose() for c in idle), return_exceptions=True)
+        links, self._links = list(self._links.values()), {}
         if self._transport is not None:
-            transport, self._transport = self._transport, None
-            await transport.aclose()
+            links.append(self._transport)
+            self._transport = None
+        await asyncio.gather(*(t.aclose() for t in links), return_exceptions=True)
         if self._server is not None:
             server, self._server = self._server, None
             await asyncio.to_thread(ors_local.release, server)
@@ -515,21 +553,42 @@ class OpenEnvAdapter(Adapter):
     # -- sockets ---------------------------------------------------------------------------------
     def give_back(self, channel: Channel) -> None:
         """Keep a healthy socket for the next episode (its environment instance is reset then)."""
-        if self._state is _State.OPEN and channel.usable:
-            self._idle.append(channel)
+        worker, channel.route = channel.route, None
+        if worker is not None:
+            ors_local.ServerGroup.done(worker)
+        server = self._server
+        if self._state is _State.OPEN and channel.usable and (worker is None or (
+                server is not None and worker in server.workers)):
+            self._idle.setdefault(worker, []).append(channel)
         else:
             channel.abort()
 
     async def open_session(self, data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
         """A socket whose environment was just reset with ``data``, and the reset's reply.
 
-        An idle socket is tried first; one that dropped meanwhile is replaced by a new one. A new
-        socket refused for capacity is retried with backoff for ``capacity_wait`` seconds.
+        A local source's episode goes to the worker :meth:`~ors_local.ServerGroup.pick` chooses
+        (and counts there until :meth:`give_back`). An idle socket of that worker is tried
+        first; one that dropped meanwhile is replaced by a new one. A new socket refused for
+        capacity is retried with backoff for ``capacity_wait`` seconds.
         """
-        transport = self._transport_()
+        if self._server is None:
+            return await self._open_on(None, self._transport_(), data)
+        self._check_open()
+        worker = self._server.pick()
+        try:
+            channel, reply = await self._open_on(worker, self._link(worker), data)
+        except BaseException:
+            ors_local.ServerGroup.done(worker)
+            raise
+        channel.route = worker
+        return channel, reply
+
+    async def _open_on(self, worker: ors_local.LocalServer | None, transport: OpenEnvTransport,
+                       data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
         message = {"type": "reset", "data": data}
-        while self._idle:
-            channel = self._idle.pop()
+        idle = self._idle.get(worker)
+        while idle:
+            channel = idle.pop()
             if not channel.usable:
                 channel.abort()
                 continue

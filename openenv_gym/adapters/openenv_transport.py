@@ -138,6 +138,8 @@ class Channel:
         self.broken = False
         self.timed_out = False
         self.replies = 0
+        self.route: Any = None
+        """Set by whoever routed this socket to its server (the adapter: the worker it counts on)."""
 
     @property
     def usable(self) -> bool:

@@ -17,8 +17,9 @@ differences:
 
 The layers: :class:`ORSEpisode` holds the episode logic (turns, tool calls, ``finished``) and
 talks only to the public methods of :class:`ORSAdapter`, which owns the server (remote ``url``, or
-a local ``source`` served privately by :mod:`openenv_gym.adapters.ors_local`), the session
-bookkeeping and the lifecycle; every HTTP/SSE call and the translation of its failures live in
+a local ``source`` served privately by :mod:`openenv_gym.adapters.ors_local`, in ``server_workers``
+processes with each session routed to the one that created it), the session bookkeeping and the
+lifecycle; every HTTP/SSE call and the translation of its failures live in
 :mod:`openenv_gym.adapters.ors_transport`.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import functools
 import os
 import time
 import uuid
@@ -114,6 +116,14 @@ class ORSAdapter(Adapter):
             sessions idle for 900 s).
         startup_timeout: seconds a local server may take to become healthy.
         resume_attempts: how often a dropped tool-call stream is resumed by its ``task_id``.
+        server_workers: how many server processes serve a ``source`` (each session lives in one:
+            a new episode goes to the worker with the fewest sessions in flight, ties
+            round-robin, and stays there). Default: 1 for a single env; for a vector env one per
+            8 sub-envs it runs, at most one per core (and 8); see
+            :func:`~openenv_gym.adapters.ors_local.default_workers`. A CPU-bound tool needs more
+            than one to use more than one core. Ignored with ``url=``.
+        expected_sessions: how many episodes will run at once over this adapter's server
+            (``gym.make_vec`` passes its ``num_envs``); it sets the default ``server_workers``.
     """
 
     kind = "ors"
@@ -136,12 +146,19 @@ class ORSAdapter(Adapter):
         ping_interval: float = 120.0,
         startup_timeout: float = 120.0,
         resume_attempts: int = 3,
+        server_workers: int | None = None,
+        expected_sessions: int | None = None,
     ):
         super().__init__()
         if (url is None) == (source is None):
             raise ConfigurationError("give exactly one of url= (a running ORS server) or source= (a local file or folder)")
         if listen not in ors_local.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {ors_local.LISTEN_MODES}, not {listen!r}")
+        self.server_workers = ors_local.check_workers(server_workers)
+        if expected_sessions is not None and (not isinstance(expected_sessions, int)
+                                              or isinstance(expected_sessions, bool) or expected_sessions < 1):
+            raise ConfigurationError("expected_sessions must be a positive integer")
+        self.expected_sessions = expected_sessions
         self.url = url.rstrip("/") if url else None
         self.source = Path(source).resolve() if source is not None else None
         self.env_class = env_class
@@ -160,8 +177,10 @@ class ORSAdapter(Adapter):
         self.terminal_tool: _TerminalTool | None = None
         self._state = _State.NEW
         self._tools: list[ToolSpec] = []
-        self._transport: ORSTransport | None = None
-        self._server: ors_local.LocalServer | None = None
+        self._transport: ORSTransport | None = None  # a url= server's
+        self._server: ors_local.ServerGroup | None = None  # a source's workers
+        self._links: dict[ors_local.LocalServer, ORSTransport] = {}  # one transport per worker
+        self._routes: dict[str, ors_local.LocalServer] = {}  # session id -> the worker that holds it
         self._secret_header: str | None = None
         self._active: dict[str, float] = {}  # session id -> monotonic time of its last request
         self._pinger: asyncio.Task[None] | None = None
@@ -190,11 +209,18 @@ class ORSAdapter(Adapter):
             self._connect(self.url or "")
         await self._discover()
 
-    def _connect(self, url: str, auth: dict[str, str] | None = None, *, local: bool = False) -> None:
-        self._transport = ORSTransport(
-            url, timeouts=self.timeouts, headers={**self._headers, **(auth or {})}, local=local,
-            exit_note=self._exit_note if local else None,
-        )
+    def _connect(self, url: str) -> None:
+        self._transport = ORSTransport(url, timeouts=self.timeouts, headers=self._headers)
+
+    def _link(self, worker: ors_local.LocalServer) -> ORSTransport:
+        """The transport to one worker of the local server (made on first use)."""
+        transport = self._links.get(worker)
+        if transport is None:
+            transport = self._links[worker] = ORSTransport(
+                worker.url, timeouts=self.timeouts, headers={**self._headers, **worker.auth_headers()}, local=True,
+                exit_note=functools.partial(self._exit_note, worker),
+            )
+        return transport
 
     async def _launch(self) -> None:
         assert self.source is not None
@@ -208,15 +234,15 @@ class ORSAdapter(Adapter):
             self.env_name = self.env_name or found.env_name
         root = self.source if self.source.is_dir() else self.source.parent
         module_file = self.module_file or self.source.name
+        workers = self.server_workers or ors_local.default_workers(self.expected_sessions)
         server = await ors_local.acquire(
             root, module_file, self.env_class, python=self.python, startup_timeout=self.startup_timeout,
-            listen=self.listen,
+            listen=self.listen, workers=workers,
         )
         if self._state is _State.CLOSED:  # closed while the server started: never leak it
             await asyncio.to_thread(ors_local.release, server)
             self._check_open()
         self._server = server
-        self._connect(server.url, server.auth_headers(), local=True)
 
     async def _discover(self) -> None:
         envs = await self._transport_().request("GET", "/list_environments", decode=list[str])
@@ -234,16 +260,36 @@ class ORSAdapter(Adapter):
         self.terminal_tool = wire.terminal_tool
 
     def _transport_(self) -> ORSTransport:
+        """The transport for requests outside a session (the first worker's, for a local source)."""
         self._check_open()
+        if self._server is not None:
+            return self._link(self._server.workers[0])
         if self._transport is None:
             raise BackendUnavailable("the ORS adapter is not started")
         return self._transport
 
-    async def ensure_server(self) -> None:
-        """Relaunch a local server that died (the next episode then runs on a fresh one).
+    def _session_transport(self, sid: str) -> ORSTransport:
+        """The transport to the worker that holds session ``sid``."""
+        worker = self._routes.get(sid)
+        if worker is None:
+            return self._transport_()
+        self._check_open()
+        return self._link(worker)
 
-        Many sessions share an adapter and may find the server dead at once: only the first
-        relaunches, the others wait for it. A closed adapter raises instead of launching.
+    def _unroute(self, sid: str) -> ORSTransport | None:
+        """Forget where ``sid`` lives (one session fewer on its worker); its transport, if known."""
+        worker = self._routes.pop(sid, None)
+        if worker is None:
+            return self._transport
+        ors_local.ServerGroup.done(worker)
+        return self._links.get(worker)
+
+    async def ensure_server(self) -> None:
+        """Restart local server workers that died (the next episodes then run on fresh ones).
+
+        Many sessions share an adapter and may find a worker dead at once: only the first
+        restarts it, the others wait for it; sessions on the other workers go on. A closed
+        adapter raises instead of launching.
         """
         self._check_open()
         if self.source is None:
@@ -254,31 +300,48 @@ class ORSAdapter(Adapter):
             return
         async with self._relaunch:
             self._check_open()
-            if self._server is None or not self._server.alive():
-                old, self._server = self._server, None
-                if old is not None:
-                    await asyncio.to_thread(ors_local.release, old)
-                if self._transport is not None:
-                    transport, self._transport = self._transport, None
-                    await transport.aclose()
-                self._active.clear()  # those sessions died with the server
+            if self._server is None:
                 await self._launch()
+            elif not self._server.alive():
+                await self._server.heal()
+            self._check_open()
+            await self._drop_stale_links()
+
+    async def _drop_stale_links(self) -> None:
+        """Close the transports of workers that were replaced; their sessions died with them."""
+        current = set(self._server.workers) if self._server is not None else set()
+        for sid, worker in list(self._routes.items()):
+            if worker not in current:
+                self._active.pop(sid, None)
+        stale = [w for w in self._links if w not in current]
+        for worker in stale:
+            await self._links.pop(worker).aclose()
 
     def server_pid(self) -> int | None:
-        """PID of the local server process, if this adapter launched one."""
+        """PID of the local server process (the first worker's), if this adapter launched one."""
         return self._server.pid if self._server is not None else None
+
+    def server_pids(self) -> list[int]:
+        """PIDs of the local server's workers, in slot order (``[]`` with ``url=``)."""
+        return self._server.pids() if self._server is not None else []
+
+    def server_sessions(self) -> list[int]:
+        """Sessions in flight on each worker, in slot order, over every adapter sharing them."""
+        return self._server.sessions() if self._server is not None else []
 
     def connection(self) -> dict[str, Any]:
         """``url`` and ``headers`` another client needs to reach this adapter's server.
 
         For a local TCP server the headers hold its token: a secret, pass it on but never log it.
-        ``gym.make("openenv/ORS-v0", **adapter.connection())`` connects to the same server.
+        ``gym.make("openenv/ORS-v0", **adapter.connection())`` connects to the same server; with
+        several workers that is the first one (its sessions then all run there).
         """
-        transport = self._transport_()
+        self._check_open()
         headers = dict(self._headers)
         if self._server is not None:
             headers.update(self._server.auth_headers())
-        return {"url": transport.url, "headers": headers}
+            return {"url": self._server.url, "headers": headers}
+        return {"url": self._transport_().url, "headers": headers}
 
     async def aclose(self) -> None:
         """Close for good: end the sessions (waiting at most :data:`CLOSE_TIMEOUT`), stop the server."""
@@ -286,7 +349,7 @@ class ORSAdapter(Adapter):
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
-        for sid in list(self._active):
+        for sid in {*self._active, *self._routes}:
             self._start_delete(sid)
         if self._deleting:
             _, pending = await asyncio.wait(set(self._deleting), timeout=CLOSE_TIMEOUT)
@@ -294,9 +357,13 @@ class ORSAdapter(Adapter):
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+        for sid in list(self._routes):  # never started, or already gone: free the count for the others
+            self._unroute(sid)
+        links, self._links = list(self._links.values()), {}
         if self._transport is not None:
-            transport, self._transport = self._transport, None
-            await transport.aclose()
+            links.append(self._transport)
+            self._transport = None
+        await asyncio.gather(*(t.aclose() for t in links), return_exceptions=True)
         if self._server is not None:
             server, self._server = self._server, None
             await asyncio.to_thread(ors_local.release, server)
@@ -307,11 +374,8 @@ class ORSAdapter(Adapter):
     def info(self) -> dict[str, Any]:
         return {"backend": "ors", "env_name": self.env_name, "server_flavour": self.flavour}
 
-    async def _exit_note(self) -> str:
-        """How the local server exited, if it did (for "cannot be reached" messages)."""
-        server = self._server
-        if server is None:
-            return ""
+    async def _exit_note(self, server: ors_local.LocalServer) -> str:
+        """How a local server worker exited, if it did (for "cannot be reached" messages)."""
         # A killed server resets its connections before its exit is visible: give the kernel a
         # moment, so the error can say the process died and how.
         for _ in range(25):
@@ -353,15 +417,27 @@ class ORSAdapter(Adapter):
         """``POST /create``: bind session ``sid`` to ``task`` (retried only where it cannot have run).
 
         A task spec that cannot be JSON raises :class:`~openenv_gym.errors.ConfigurationError`.
+        A local source's session goes to the worker :meth:`~ors_local.ServerGroup.pick` chooses,
+        and every later request of ``sid`` goes there too.
         """
-        transport = self._transport_()
+        if self._server is not None:
+            self._check_open()
+            worker = self._server.pick()
+            self._routes[sid] = worker
+            transport = self._link(worker)
+        else:
+            transport = self._transport_()
         headers = {"X-Secrets": self._secret_header} if self._secret_header else None
-        await transport.request("POST", "/create", body=self._create_body(task), sid=sid, headers=headers,
-                                idempotent=False)
+        try:
+            await transport.request("POST", "/create", body=self._create_body(task), sid=sid, headers=headers,
+                                    idempotent=False)
+        except BaseException:
+            self._unroute(sid)
+            raise
 
     async def opening(self, sid: str) -> tuple[list[Message], list[ToolSpec]]:
         """The opening messages and the tools of session ``sid`` (prompt or messages, and task tools)."""
-        transport = self._transport_()
+        transport = self._session_transport(sid)
         env = self.env_name
         if self.flavour == "openreward":
             prompt_req = transport.request("GET", f"/{env}/messages", sid=sid, decode=list[_MessageWire])
@@ -385,7 +461,7 @@ class ORSAdapter(Adapter):
         is sent. Timeouts say which limit fired: ``call_timeout`` for the call as a whole, or
         ``connect_timeout``/``read_timeout`` for one request.
         """
-        transport = self._transport_()
+        transport = self._session_transport(sid)
         path = f"/{self.env_name}/call"
         try:
             async with asyncio.timeout(self.call_timeout) as deadline:
@@ -397,7 +473,10 @@ class ORSAdapter(Adapter):
 
     async def delete_session(self, sid: str) -> None:
         """``POST /delete``, best effort (a server that is gone or slow reaps the session itself)."""
-        transport = self._transport
+        await self._delete(self._unroute(sid), sid)
+
+    @staticmethod
+    async def _delete(transport: ORSTransport | None, sid: str) -> None:
         if transport is not None and not transport.closed:
             await transport.delete_session(sid, timeout=5.0)
 
@@ -422,7 +501,8 @@ class ORSAdapter(Adapter):
 
     def _start_delete(self, sid: str) -> None:
         self._active.pop(sid, None)
-        task = asyncio.get_running_loop().create_task(self.delete_session(sid))
+        # Unrouted now, not when the task runs: the next episode's pick must see the session gone.
+        task = asyncio.get_running_loop().create_task(self._delete(self._unroute(sid), sid))
         self._deleting.add(task)
         task.add_done_callback(self._deleting.discard)
 
@@ -436,7 +516,7 @@ class ORSAdapter(Adapter):
                 if now - last >= interval and sid in self._active:
                     self._active[sid] = now
                     try:
-                        await self._transport_().request("POST", "/ping", sid=sid, check=False)
+                        await self._session_transport(sid).request("POST", "/ping", sid=sid, check=False)
                     except BackendError:
                         pass  # the next real request reports the failure with its context
 

@@ -44,7 +44,7 @@ from gymnasium.vector import AutoresetMode
 
 from openenv_gym import runtime
 from openenv_gym.actions import parse_action
-from openenv_gym.adapters.base import Adapter, AdapterSpec
+from openenv_gym.adapters.base import Adapter, AdapterSpec, accepted_kwargs
 from openenv_gym.errors import BackendTimeout, ConfigurationError
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT, EnvSession
@@ -401,6 +401,10 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         if num_actors is not None and num_actors < 1:
             raise ConfigurationError("num_actors must be at least 1")
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any actor starts
+        # The actors already spread the sub-envs over the CPUs: each actor's local source gets one
+        # server process unless server_workers says otherwise (see ors_local.default_workers).
+        if "server_workers" not in adapter.kwargs and "server_workers" in (accepted_kwargs(adapter.target()) or ()):
+            adapter = AdapterSpec(adapter.entry, {**adapter.kwargs, "server_workers": 1})
         self._spec_adapter = adapter
         self._split, self._max_turns = split, max_turns
         self._envs_per_client = envs_per_client
