@@ -81,7 +81,7 @@ NEEDS: dict[str, str] = {
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
 
-VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps")
+VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps", "group_size")
 """Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
 
 EXPECTED_SESSIONS = "expected_sessions"
@@ -151,6 +151,7 @@ def make_vec(
     vector_options: dict[str, Any] | None = None,
     autoreset_mode: Any = None,
     max_episode_steps: int | None = None,
+    group_size: int | None = None,
     **kwargs: Any,
 ) -> AgentVectorEnv:
     """Gymnasium vector entry point of every openenv id: ``gym.make_vec(id, num_envs, backend=...)``.
@@ -158,6 +159,8 @@ def make_vec(
     ``kwargs`` are :func:`make_env`'s; ``split`` and ``max_turns`` apply to each sub-env,
     ``max_episode_steps`` caps ``max_turns``; ``vector_options`` go to the backend's class
     (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
+    ``group_size=k`` makes groups of ``k`` sub-envs whose ``e``-th episodes share a task (GRPO,
+    RLOO, pass@k; ``infos["group"]``, ``infos["group_episode"]``).
     ``render_mode`` is accepted for Gymnasium's sake; vector envs do not render. Every name is
     checked before a server, client or actor starts. An adapter whose constructor takes
     :data:`EXPECTED_SESSIONS` is told ``num_envs`` (an OpenEnv ``source`` sizes its server so).
@@ -184,7 +187,7 @@ def make_vec(
     if autoreset_mode is not None:
         options["autoreset_mode"] = autoreset_mode
     try:
-        return vector.make(num_envs, spec, backend=backend, **env_kwargs, **options)
+        return vector.make(num_envs, spec, backend=backend, group_size=group_size, **env_kwargs, **options)
     except TypeError as exc:  # as in make_env: never let a TypeError reach a formatter of kwargs
         raise ConfigurationError(f"the vector environment could not be built: TypeError: {exc}") from exc
 

@@ -14,25 +14,33 @@ from openenv_gym.adapters.base import AdapterSpec
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.vector.base import AgentVectorEnv, Batch
 from openenv_gym.vector.concurrent import ConcurrentVectorEnv
+from openenv_gym.vector.groups import check_group_size
 
 __all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "BACKENDS"]
 
 BACKENDS = ("concurrent", "ray")
 
 
-def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", **kwargs: Any) -> AgentVectorEnv:
+def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", group_size: int | None = None,
+         **kwargs: Any) -> AgentVectorEnv:
     """Build a vector env of ``num_envs`` sub-envs over adapters built from ``adapter``.
 
-    ``kwargs`` go to the backend's class (``split``, ``max_turns``, ``autoreset_mode``,
-    ``step_timeout``, and backend options such as ``envs_per_client`` or ``num_actors``).
+    ``group_size``: groups of that many consecutive sub-envs play the same tasks
+    (:mod:`openenv_gym.vector.groups`). ``kwargs`` go to the backend's class (``split``,
+    ``max_turns``, ``autoreset_mode``, ``step_timeout``, and backend options such as
+    ``envs_per_client`` or ``num_actors``).
     """
+    check_group_size(num_envs, group_size)  # before any server or actor starts
     if backend == "concurrent":
-        return ConcurrentVectorEnv(num_envs, adapter, **kwargs)
-    if backend == "ray":
+        envs: AgentVectorEnv = ConcurrentVectorEnv(num_envs, adapter, **kwargs)
+    elif backend == "ray":
         from openenv_gym.vector.ray import RayVectorEnv
 
-        return RayVectorEnv(num_envs, adapter, **kwargs)
-    raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
+        envs = RayVectorEnv(num_envs, adapter, **kwargs)
+    else:
+        raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
+    envs.use_groups(group_size)
+    return envs
 
 
 def __getattr__(name: str) -> Any:

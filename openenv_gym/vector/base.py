@@ -39,6 +39,7 @@ from openenv_gym.errors import (
 )
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.spaces import AssistantAction, Messages
+from openenv_gym.vector.groups import Groups
 from openenv_gym.vector.ops import Op, Result
 from openenv_gym.wire import Message, ToolSpec
 
@@ -79,7 +80,7 @@ class SubEnv:
     Each transition is one method, so the reset-or-step decision reads one field.
     """
 
-    __slots__ = ("phase", "request", "result", "note", "obs")
+    __slots__ = ("phase", "request", "result", "note", "obs", "slot", "slot_if_ended")
 
     def __init__(self) -> None:
         self.phase = Phase.NEW
@@ -90,6 +91,10 @@ class SubEnv:
         self.note: dict[str, Any] | None = None
         """An ``info`` entry (the error that broke it) to report with the next reset's result."""
         self.obs: list[Message] = []
+        self.slot: int | None = None
+        """With groups: the episode slot the request in flight starts (a reset always, a SAME_STEP
+        step only if its episode ends: ``slot_if_ended``)."""
+        self.slot_if_ended = False
 
     @property
     def busy(self) -> bool:
@@ -173,6 +178,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self._arrived: asyncio.Event | None = None
         self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
+        self._groups: Groups | None = None
         self._busy = threading.Lock()
         runtime.track(self)
 
@@ -223,7 +229,44 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         sub = self._subs[env_id]
         if sub.phase is Phase.BROKEN:
             fields["recreate"] = True
+        if self._groups is not None:  # the group's task for this member's next episode
+            sub.slot, fields["seed"] = self._groups.next_seed(env_id)
+            sub.slot_if_ended = False
         return self._new_op(env_id, "reset", note=sub.take_note(), **fields)
+
+    def _step_op(self, env_id: int, action: Any) -> Op:
+        if self.autoreset_mode != AutoresetMode.SAME_STEP:
+            return self._new_op(env_id, "step", action=action)
+        fields: dict[str, Any] = {}
+        if self._groups is not None:
+            sub = self._subs[env_id]
+            sub.slot, fields["next_seed"] = self._groups.next_seed(env_id)
+            sub.slot_if_ended = True
+        return self._new_op(env_id, "step_reset", action=action, **fields)
+
+    def _absorb(self, result: Result, reset: bool) -> None:
+        """Move the sub-env to the phase ``result`` leaves it in; with groups, count the episode
+        it started and say which group and episode slot it belongs to."""
+        sub = self._subs[result.env_id]
+        sub.absorb(result, self.autoreset_mode, reset)
+        groups = self._groups
+        if groups is None:
+            return
+        started = sub.slot is not None and result.error is None and (
+            not sub.slot_if_ended or result.terminated or result.truncated)
+        if started:
+            groups.begun(result.env_id, sub.slot)
+        sub.slot = None
+        result.info["group"] = groups.group(result.env_id)
+        result.info["group_episode"] = groups.current[result.env_id]
+
+    def use_groups(self, group_size: int | None) -> None:
+        """Make groups of ``group_size`` consecutive sub-envs play the same tasks (None: no groups).
+
+        See :mod:`openenv_gym.vector.groups`; ``gym.make_vec(..., group_size=k)`` calls this.
+        Takes effect from the next :meth:`reset`.
+        """
+        self._groups = None if group_size is None else Groups(self.num_envs, group_size)
 
     def _deliver(self, result: Result) -> None:
         """Accept a result if it answers the sub-env's current request; drop it otherwise."""
@@ -328,6 +371,12 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                 raise ValueError(f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}.")
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
+        if self._groups is not None:
+            if seed is not None and not isinstance(seed, (int, np.integer)):
+                raise ValueError("with group_size, seed must be an int or None: a group's members share one "
+                                 "seeded stream of tasks")
+            if seed is not None and mask is None:
+                self._groups.reseed(int(seed))
         if mask is None:
             mask = np.ones(n, dtype=np.bool_)
         elif not isinstance(mask, np.ndarray) or mask.shape != (n,) or mask.dtype != np.bool_ or not mask.any():
@@ -357,7 +406,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self._collect(ready)
         infos: dict[str, Any] = {}
         for result in sorted(results, key=lambda r: r.env_id):
-            self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=True)
+            self._absorb(result, reset=True)
             if result.error is not None and result.error.get("user"):
                 raise ConfigurationError(f"sub-env {result.env_id}: {result.error['message']}")
             infos = self._add_info(infos, result.info, result.env_id)
@@ -402,7 +451,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             results = [self._subs[i].result for i in ready]
             infos: dict[str, Any] = {}
             for result in results:
-                self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=False)
+                self._absorb(result, reset=False)
                 infos = self._add_info(infos, result.info, result.env_id)
             out = (
                 tuple(r.obs for r in results),
@@ -455,8 +504,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                 if phase is Phase.BROKEN or (phase is Phase.ENDED and self.autoreset_mode == AutoresetMode.NEXT_STEP):
                     ops.append(self._reset_op(i))
                 else:
-                    kind = "step_reset" if self.autoreset_mode == AutoresetMode.SAME_STEP else "step"
-                    ops.append(self._new_op(i, kind, action=action))
+                    ops.append(self._step_op(i, action))
             try:
                 self._dispatch(ops)
             except BaseException:
@@ -486,7 +534,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             results = [self._subs[i].result for i in ready]
             infos: dict[str, Any] = {}
             for k, result in enumerate(results):
-                self._subs[result.env_id].absorb(result, self.autoreset_mode, reset=False)
+                self._absorb(result, reset=False)
                 infos = self._add_info(infos, result.info, k)
             infos = _trim(infos, len(results))  # Gymnasium sizes info arrays by num_envs
             batch = Batch(

@@ -38,6 +38,9 @@ class Op(msgspec.Struct, array_like=True, omit_defaults=True):
     """An ``error`` entry to report with this op's result (why a reset was forced)."""
     recreate: bool = False
     """Replace the sub-env's session before running (its previous request failed)."""
+    next_seed: int | None = None
+    """For ``step_reset``: the seed of the next episode if this step ends the current one (a
+    group's shared task, see :mod:`openenv_gym.vector.groups`)."""
     turn: Turn | None = None
     """The action already parsed (a backend that ships ops between processes sends this rather
     than the raw action: a parsed turn always encodes, whatever the model wrote)."""
@@ -82,7 +85,7 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> R
         if op.kind == "step_reset" and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}
             try:
-                obs, info = await within(session.reset(), timeout, "the sub-env's autoreset")
+                obs, info = await within(session.reset(op.next_seed), timeout, "the sub-env's autoreset")
             except Exception as exc:  # the step happened; only the reset failed
                 return Result(op.env_id, op.req_id, [], reward, terminated, truncated,
                               {**final, "error": _error(exc)}, error=_error(exc))
