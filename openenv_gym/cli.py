@@ -4,7 +4,7 @@
     openenv-gym list
     openenv-gym info ID
     openenv-gym remove NAME | --invalid
-    openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray]
+    openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K]
                         [--policy random|openai --base-url URL --model M] [--out traj.jsonl]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
 
@@ -103,7 +103,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         policy = OpenAIPolicy(args.base_url, args.model)
     try:
         summary = collect(args.id, args.episodes, num_envs=args.num_envs, backend=args.backend, policy=policy,
-                          seed=args.seed, batch_size=args.batch_size, out=args.out, progress=not args.quiet)
+                          seed=args.seed, batch_size=args.batch_size, out=args.out, progress=not args.quiet,
+                          group_size=args.group_size, drop_equal=args.drop_equal)
     finally:
         if policy != "random":
             policy.close()  # type: ignore[attr-defined]
@@ -203,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model name for --policy openai")
     p.add_argument("--seed", type=int, default=0, help="seed of task choice and the random policy")
     p.add_argument("--out", default=None, help="write episodes as JSONL to this file")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="episodes per task (GRPO/RLOO groups): records get group-normalised advantages")
+    p.add_argument("--drop-equal", action="store_true", help="with --group-size, leave out groups of equal rewards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=_cmd_rollout)
 

@@ -110,6 +110,10 @@ class OpenAIPolicy:
         timeout: seconds per request.
         max_concurrency: requests in flight at once.
         extra_body: more request fields (e.g. vLLM sampling options).
+        token_ids: ask for what a trainer needs (``logprobs`` and vLLM's ``return_token_ids``, vLLM
+            0.10.2+): each turn's prompt token ids, completion token ids and their logprobs, read
+            with :meth:`tokens` and written into rollout records. Servers that do not know the
+            options may refuse them, so it is off by default.
     """
 
     def __init__(
@@ -124,13 +128,17 @@ class OpenAIPolicy:
         timeout: float = 120.0,
         max_concurrency: int = 32,
         extra_body: dict[str, Any] | None = None,
+        token_ids: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.__api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.options = {k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens),
                                           ("tool_choice", tool_choice)) if v is not None}
+        if token_ids:
+            self.options.update(logprobs=True, return_token_ids=True)
         self.options.update(extra_body or {})
+        self._tokens: dict[int, dict[str, Any]] = {}
         self.timeout = timeout
         self.max_concurrency = max_concurrency
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -180,7 +188,9 @@ class OpenAIPolicy:
         usage = data.get("usage") or {}
         for key in self.usage:
             self.usage[key] += int(usage.get(key) or 0)
-        message = data["choices"][0]["message"]
+        choice = data["choices"][0]
+        message = choice["message"]
+        self._tokens[env_id] = _turn_tokens(data, choice)
         action = {k: message[k] for k in _KEEP if message.get(k) is not None}
         action.setdefault("role", "assistant")
         action.setdefault("content", None)
@@ -201,10 +211,25 @@ class OpenAIPolicy:
             raise ConfigurationError(f"{self.base_url} refused the request ({response.status_code}): {_message(response)}")
         return response.json()
 
+    def tokens(self, env_id: int) -> dict[str, Any] | None:
+        """The last turn's ``prompt_token_ids``, ``completion_token_ids`` and ``logprobs`` for
+        ``env_id``, each ``None`` when the server did not return it."""
+        return self._tokens.get(env_id)
+
     def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
             runtime.run_sync(client.aclose(), 30.0)
+
+
+def _turn_tokens(data: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
+    """Token ids and logprobs of one completion, as vLLM returns them (``None`` where absent)."""
+    content = (choice.get("logprobs") or {}).get("content")
+    return {
+        "prompt_token_ids": data.get("prompt_token_ids"),
+        "completion_token_ids": choice.get("token_ids"),
+        "logprobs": [float(t["logprob"]) for t in content] if content else None,
+    }
 
 
 class _Transient(BackendUnavailable):

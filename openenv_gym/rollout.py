@@ -6,8 +6,16 @@ the policy for their next actions in one batch, and sends again. The vector env 
 SAME_STEP autoreset mode, so a finished sub-env's next episode starts in the same round trip
 (send/recv and the autoreset modes: docs/architecture.md, "Vector envs").
 
-Each finished episode can be written as one JSON line (task, messages, actions, rewards); the
-summary reports episodes, mean reward, env-steps per second and step-latency percentiles.
+Each finished episode can be written as one JSON line: the task reference, the tools offered, the
+whole conversation, per-turn rewards, terminated/truncated, errors and, when the policy returns
+them, each assistant turn's prompt and completion token ids and logprobs. The summary reports
+episodes, mean reward, env-steps per second and step-latency percentiles.
+
+With ``group_size=k`` (GRPO, RLOO, pass@k) the vector env makes groups of ``k`` sub-envs whose
+``e``-th episodes share a task (:mod:`openenv_gym.vector.groups`); a group's records are written
+together once its ``k`` episodes are done, each with its group-normalised advantage
+``(r - mean) / (std + eps)`` (optionally dropping groups whose rewards are all equal: they carry no
+learning signal), and the summary adds mean@k and pass@k.
 """
 
 from __future__ import annotations
@@ -22,10 +30,14 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
+from openenv_gym.errors import ConfigurationError
 from openenv_gym.policies import Policy, RandomPolicy
 from openenv_gym.vector.base import AgentVectorEnv, info_at
 
-__all__ = ["RolloutSummary", "collect", "run"]
+__all__ = ["RolloutSummary", "RunStats", "advantages", "collect", "run"]
+
+TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs")
+"""Per-assistant-turn lists a policy may return (``Policy.tokens``), copied into each record."""
 
 
 class RolloutSummary(msgspec.Struct):
@@ -43,6 +55,15 @@ class RolloutSummary(msgspec.Struct):
     p50_step_ms: float
     p99_step_ms: float
     errors: int
+    group_size: int | None = None
+    groups: int = 0
+    """Complete groups (``group_size`` episodes each on one task)."""
+    dropped_groups: int = 0
+    """Groups left out because every member got the same reward (``drop_equal``)."""
+    mean_at_k: float | None = None
+    """Mean reward over the groups' episodes."""
+    pass_at_k: float | None = None
+    """Fraction of groups in which at least one episode got a reward above 0."""
 
     def table(self) -> str:
         rows = [
@@ -53,8 +74,75 @@ class RolloutSummary(msgspec.Struct):
             ("p99 step", f"{self.p99_step_ms:.2f} ms"), ("errors", self.errors),
             ("wall time", f"{self.seconds:.2f} s"),
         ]
+        if self.group_size:
+            k = self.group_size
+            rows[5:5] = [("groups", f"{self.groups} of {k} ({self.dropped_groups} dropped: equal rewards)"),
+                         (f"mean@{k}", f"{self.mean_at_k:.4f}"), (f"pass@{k}", f"{self.pass_at_k:.1%}")]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+_PLACEHOLDER = {"role": "assistant", "content": ""}
+
+
+class RunStats(msgspec.Struct):
+    """What :func:`run` measured: episode returns, step latencies, errors and the groups' figures."""
+
+    returns: list[float]
+    latencies: list[float]
+    errors: int
+    groups: int = 0
+    dropped_groups: int = 0
+    mean_at_k: float | None = None
+    pass_at_k: float | None = None
+
+
+def advantages(rewards: list[float] | np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Group-normalised advantages, ``(r - mean) / (std + eps)`` (population std, as GRPO uses)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    return (r - r.mean()) / (r.std() + eps)
+
+
+class _Groups:
+    """Which episode slots of which groups a grouped run plays, and the records waiting for their
+    group to complete."""
+
+    def __init__(self, group_size: int, slots: int, drop_equal: bool, eps: float):
+        self.k, self.slots, self.drop_equal, self.eps = group_size, slots, drop_equal, eps
+        self.allocated: set[tuple[int, int]] = set()
+        self.pending: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self.done = self.dropped = 0
+        self.means: list[float] = []
+        self.passed = 0
+
+    def admit(self, info: dict[str, Any]) -> bool:
+        """Whether the episode that ``info`` opened is one this run plays (allocating its slot)."""
+        slot = (int(info["group"]), int(info["group_episode"]))
+        if slot in self.allocated:
+            return True
+        if len(self.allocated) < self.slots:
+            self.allocated.add(slot)
+            return True
+        return False
+
+    def finish(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """File a finished episode; the group's records (with advantages) once all ``k`` are in."""
+        key = (record["group"], record["group_episode"])
+        members = self.pending.setdefault(key, [])
+        members.append(record)
+        if len(members) < self.k:
+            return []
+        del self.pending[key]
+        rewards = [m["total_reward"] for m in members]
+        self.done += 1
+        self.means.append(float(np.mean(rewards)))
+        self.passed += any(r > 0 for r in rewards)
+        if self.drop_equal and max(rewards) == min(rewards):
+            self.dropped += 1
+            return []
+        for member, adv in zip(members, advantages(rewards, self.eps)):
+            member["advantage"] = float(adv)
+        return sorted(members, key=lambda m: m["env_id"])
 
 
 def run(
@@ -67,74 +155,133 @@ def run(
     on_episode: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = False,
     desc: str = "",
-) -> tuple[list[float], list[float], int]:
+    drop_equal: bool = False,
+    eps: float = 1e-6,
+) -> RunStats:
     """Drive ``envs`` (SAME_STEP autoreset) with ``policy`` until ``episodes`` episodes end.
 
-    Returns the episode returns, the per-step latencies (seconds, send to result) and the
-    number of steps that reported ``info["error"]``.
+    If ``envs`` was made with ``group_size=k``, ``episodes`` must be a multiple of ``k``: the run
+    plays ``episodes / k`` whole groups, and ``on_episode`` gets a group's records together, each
+    with its ``advantage`` (``drop_equal``: groups whose rewards are all equal are left out).
     """
     n = envs.num_envs
     batch_size = batch_size or max(1, n // 4)
+    k = envs.group_size
+    groups = None
+    if k is not None:
+        if episodes % k:
+            raise ConfigurationError(f"episodes={episodes} is not a multiple of group_size={k}")
+        groups = _Groups(k, episodes // k, drop_equal, eps)
+    tokens = getattr(policy, "tokens", None)
     obs, infos = envs.reset(seed=seed)
     records: dict[int, dict[str, Any]] = {}
 
     def begin(i: int, first: list[Any], info: dict[str, Any]) -> None:
         policy.reset(i, first, info)
-        records[i] = {"task_id": info.get("task_id"), "split": info.get("split"), "index": info.get("index"),
-                      "messages": list(first), "rewards": [], "errors": []}
+        records[i] = {"env_id": i, "task_id": info.get("task_id"), "split": info.get("split"),
+                      "index": info.get("index"), "tools": info.get("tools"), "messages": list(first),
+                      "rewards": [], "errors": []}
+        if groups is not None:
+            records[i]["group"], records[i]["group_episode"] = int(info["group"]), int(info["group_episode"])
 
+    def plays(info: dict[str, Any]) -> bool:
+        return groups.admit(info) if groups is not None else started < episodes
+
+    started = 0
+    active = []
     for i in range(n):
-        begin(i, obs[i], info_at(infos, i))
-    started, returns, latencies, errors = n, [], [], 0
+        info = info_at(infos, i)
+        if plays(info):
+            started += 1
+            begin(i, obs[i], info)
+            active.append(i)
+    returns, latencies, errors = [], [], 0
     sent_at: dict[int, float] = {}
 
     def send(ids: list[int], observations: list[Any], step_infos: list[dict[str, Any]]) -> None:
         actions = policy.act_batch(ids, observations, step_infos)
         for i, action in zip(ids, actions):
-            records[i]["messages"].append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
+            record = records[i]
+            record["messages"].append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
+            got = tokens(i) if tokens is not None else None
+            for field in TOKEN_FIELDS:
+                if got and got.get(field) is not None:
+                    record.setdefault(field, []).append(got[field])
         envs.send(actions, ids)
         now = time.perf_counter()
         for i in ids:
             sent_at[i] = now
 
-    active = list(range(min(n, episodes)))
+    def emit(record: dict[str, Any]) -> None:
+        for out in (groups.finish(record) if groups is not None else [record]):
+            if on_episode is not None:
+                on_episode(out)
+
+    resetting: set[int] = set()  # sub-envs whose episode failed: their next result is a reset
+
+    def resend(ids: list[int]) -> None:
+        # A failed sub-env resets on its next request whatever the action: no need to ask the policy.
+        envs.send([_PLACEHOLDER] * len(ids), ids)
+        now = time.perf_counter()
+        for i in ids:
+            sent_at[i] = now
+        resetting.update(ids)
+
     send(active, [obs[i] for i in active], [info_at(infos, i) for i in active])
     bar = tqdm(total=episodes, disable=not progress, unit="ep", desc=desc, mininterval=0.5)
     try:
         while len(returns) < episodes:
             batch = envs.recv(batch_size)
             now = time.perf_counter()
-            again, again_obs, again_infos = [], [], []
-            for k, i in enumerate(batch.env_ids.tolist()):
-                latencies.append(now - sent_at.pop(i))
-                info = info_at(batch.infos, k)
+            again, again_obs, again_infos, failed = [], [], [], []
+            for k_, i in enumerate(batch.env_ids.tolist()):
+                sent = sent_at.pop(i)
+                info = info_at(batch.infos, k_)
+                if i in resetting:  # the reset that replaced a failed episode: a new episode or an idle sub-env
+                    resetting.discard(i)
+                    if "error" in info and not batch.obs[k_]:
+                        failed.append(i)
+                    elif plays(info):
+                        started += 1
+                        begin(i, batch.obs[k_], info)
+                        again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
+                    continue
+                latencies.append(now - sent)
                 record = records[i]
-                record["rewards"].append(float(batch.rewards[k]))
+                record["rewards"].append(float(batch.rewards[k_]))
                 if "error" in info:
                     errors += 1
                     record["errors"].append(info["error"])
-                done = bool(batch.terminations[k] or batch.truncations[k])
-                record["messages"].extend(info.get("final_obs", []) if done else batch.obs[k])
+                done = bool(batch.terminations[k_] or batch.truncations[k_])
+                record["messages"].extend(info.get("final_obs", []) if done else batch.obs[k_])
                 if not done:
-                    again.append(i), again_obs.append(batch.obs[k]), again_infos.append(info)
+                    again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
                     continue
-                record.update(total_reward=sum(record["rewards"]), terminated=bool(batch.terminations[k]),
-                              truncated=bool(batch.truncations[k]))
+                record.update(total_reward=sum(record["rewards"]), terminated=bool(batch.terminations[k_]),
+                              truncated=bool(batch.truncations[k_]))
                 returns.append(record["total_reward"])
                 bar.update(1)
-                if on_episode is not None:
-                    on_episode(record)
-                if started < episodes:  # SAME_STEP: batch.obs[k] is already the next episode's start
+                emit(record)
+                if "error" in info and not batch.obs[k_]:  # no next episode began: reset it first
+                    failed.append(i)
+                elif plays(info):  # SAME_STEP: batch.obs[k_] is already the next episode's start
                     started += 1
-                    begin(i, batch.obs[k], info)
-                    again.append(i), again_obs.append(batch.obs[k]), again_infos.append(info)
+                    begin(i, batch.obs[k_], info)
+                    again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
             if len(returns) % 16 == 0 and returns:
                 bar.set_postfix(mean_reward=f"{np.mean(returns):.3f}", refresh=False)
             if again:
                 send(again, again_obs, again_infos)
+            if failed and len(returns) < episodes:
+                resend(failed)
     finally:
         bar.close()
-    return returns[:episodes], latencies, errors
+    stats = RunStats(returns[:episodes], latencies, errors)
+    if groups is not None:
+        stats.groups, stats.dropped_groups = groups.done, groups.dropped
+        stats.mean_at_k = float(np.mean(groups.means)) if groups.means else 0.0
+        stats.pass_at_k = groups.passed / groups.done if groups.done else 0.0
+    return stats
 
 
 def collect(
@@ -150,13 +297,16 @@ def collect(
     progress: bool = True,
     make_kwargs: dict[str, Any] | None = None,
     vector_options: dict[str, Any] | None = None,
+    group_size: int | None = None,
+    drop_equal: bool = False,
 ) -> RolloutSummary:
     """Collect ``episodes`` episodes of ``env_id`` over ``num_envs`` sub-envs and summarise them.
 
     Args:
         env_id: a registered id.
-        episodes: how many episodes to finish.
-        num_envs: sub-envs run at once (capped at ``episodes``).
+        episodes: how many episodes to finish (a multiple of ``group_size`` if given).
+        num_envs: sub-envs run at once (capped at ``episodes``; with groups, rounded down to a
+            multiple of ``group_size``).
         backend: ``"concurrent"`` or ``"ray"``.
         policy: ``"random"`` or a :class:`~openenv_gym.policies.Policy` (e.g. ``OpenAIPolicy``).
         seed: seeds the sub-envs' task choice and the random policy: a rollout is reproducible.
@@ -165,10 +315,19 @@ def collect(
         progress: show a progress bar.
         make_kwargs: extra kwargs for ``gym.make_vec`` (e.g. ``split``, ``max_turns``).
         vector_options: backend options (``envs_per_client``, ``num_actors``, ``address``...).
+        group_size: play groups of this many episodes per task and record each episode's
+            group-normalised ``advantage`` (see :func:`run`).
+        drop_equal: with groups, leave out groups whose rewards are all equal.
     """
     num_envs = max(1, min(num_envs, episodes))
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ConfigurationError(f"group_size must be a positive integer, not {group_size!r}")
+        if episodes % group_size:
+            raise ConfigurationError(f"episodes={episodes} is not a multiple of group_size={group_size}")
+        num_envs = max(group_size, num_envs - num_envs % group_size)
     envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
-                        vector_options=vector_options, **(make_kwargs or {}))
+                        vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
     agent: Policy = RandomPolicy(seed=seed) if policy == "random" else policy  # type: ignore[assignment]
     encoder = msgspec.json.Encoder()
     sink = open(out, "wb") if out is not None else None
@@ -179,8 +338,8 @@ def collect(
 
     start = time.perf_counter()
     try:
-        returns, latencies, errors = run(envs, agent, episodes, seed=seed, batch_size=batch_size,
-                                         on_episode=write, progress=progress, desc=env_id)
+        stats = run(envs, agent, episodes, seed=seed, batch_size=batch_size, on_episode=write,
+                    progress=progress, desc=env_id, drop_equal=drop_equal)
     finally:
         envs.close()
         if sink is not None:
@@ -188,6 +347,7 @@ def collect(
         if agent is not policy:
             agent.close()
     seconds = time.perf_counter() - start
+    returns, latencies = stats.returns, stats.latencies
     lat_ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
     return RolloutSummary(
         env_id=env_id, episodes=len(returns), num_envs=num_envs, backend=backend, steps=len(latencies),
@@ -195,5 +355,6 @@ def collect(
         success_rate=float(np.mean([r > 0 for r in returns])) if returns else 0.0,
         seconds=seconds, steps_per_sec=len(latencies) / seconds if seconds else 0.0,
         p50_step_ms=float(np.percentile(lat_ms, 50)), p99_step_ms=float(np.percentile(lat_ms, 99)),
-        errors=errors,
+        errors=stats.errors, group_size=group_size, groups=stats.groups, dropped_groups=stats.dropped_groups,
+        mean_at_k=stats.mean_at_k, pass_at_k=stats.pass_at_k,
     )

@@ -42,6 +42,19 @@ def _tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
+def render_turn(message: dict[str, Any]) -> str:
+    """One message as the stub's chat template writes it."""
+    body = _text(message.get("content"))
+    if message.get("tool_calls"):
+        body += json.dumps([c["function"] for c in message["tool_calls"]], sort_keys=True)
+    return f"<|{message.get('role', 'assistant')}|>{body}<|end|>"
+
+
+def render_prompt(messages: list[dict[str, Any]]) -> str:
+    """The prompt the stub's "model" sees: every message, then the assistant's turn marker."""
+    return "".join(render_turn(m) for m in messages) + "<|assistant|>"
+
+
 def arithmetic_solver(request: dict[str, Any]) -> dict[str, Any]:
     """Solve ``openenv/Arithmetic-v0``: calculator on the expression, then submit the result."""
     names = {t.get("function", {}).get("name") for t in request.get("tools") or ()}
@@ -114,14 +127,25 @@ class OpenAIStub:
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
         message = self.script(body)
-        return {
+        choice: dict[str, Any] = {"index": 0, "message": message,
+                                  "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}
+        out: dict[str, Any] = {
             "id": f"chatcmpl-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", self.model),
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+            "model": body.get("model", self.model), "choices": [choice],
             "usage": {"prompt_tokens": sum(len(_text(m.get("content"))) for m in body.get("messages", [])) // 4,
                       "completion_tokens": 8, "total_tokens": 0},
         }
+        # What vLLM returns for training (``return_token_ids``, ``logprobs``), from a byte-level
+        # "tokenizer": the ids are the UTF-8 bytes of a plain chat rendering, so a turn's prompt
+        # ids start with the previous turn's prompt and completion ids, as a real template's do.
+        completion = list(render_turn(message).removeprefix("<|assistant|>").encode())
+        if body.get("return_token_ids"):
+            out["prompt_token_ids"] = list(render_prompt(body.get("messages", [])).encode())
+            choice["token_ids"] = completion
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.25, "bytes": [t],
+                                               "top_logprobs": []} for t in completion]}
+        return out
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         stub = self

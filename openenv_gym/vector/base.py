@@ -260,6 +260,11 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         result.info["group"] = groups.group(result.env_id)
         result.info["group_episode"] = groups.current[result.env_id]
 
+    @property
+    def group_size(self) -> int | None:
+        """Sub-envs per group of shared tasks (``None``: no groups); see :meth:`use_groups`."""
+        return None if self._groups is None else self._groups.size
+
     def use_groups(self, group_size: int | None) -> None:
         """Make groups of ``group_size`` consecutive sub-envs play the same tasks (None: no groups).
 
