@@ -287,14 +287,31 @@ async def within(coro: Awaitable[T], seconds: float | None, what: str, limit: st
     """
     if seconds is None:
         return await coro
-    guard = asyncio.timeout(seconds)
+    # One timer handle and a flag: what ``asyncio.timeout`` does, without its context-manager
+    # object and state machine, which a vector env would otherwise build for every op.
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    before = task.cancelling()
+    handle = task.get_loop().call_later(seconds, fire)
     try:
-        async with guard:
-            return await coro
-    except TimeoutError:
-        if guard.expired():
-            raise BackendTimeout(f"{what} did not finish within {limit}={seconds} s") from None
+        return await coro
+    except asyncio.CancelledError:
+        if fired:
+            fired = False
+            if task.uncancel() <= before:  # only our timer cancelled it: a timeout, not a cancel
+                raise BackendTimeout(f"{what} did not finish within {limit}={seconds} s") from None
         raise
+    finally:
+        handle.cancel()
+        if fired:  # fired, but the coroutine finished anyway: take back the cancel request
+            task.uncancel()
 
 
 async def on_runtime(coro: Coroutine[Any, Any, T]) -> T:

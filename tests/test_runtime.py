@@ -65,3 +65,44 @@ def test_retry_gives_up_after_attempts():
     with pytest.raises(ConnectionError):
         runtime.run_sync(runtime.retry(down, retry_if=lambda e: True, attempts=3,
                                        backoff=runtime.Backoff(0.001, 0.01)))
+
+
+def test_within_names_its_limit_and_leaves_other_cancels_and_timeouts_alone():
+    import asyncio
+
+    import pytest
+
+    from openenv_gym.errors import BackendTimeout
+    from openenv_gym.runtime import within
+
+    async def main() -> None:
+        with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0.05 s"):
+            await within(asyncio.sleep(1), 0.05, "step")
+        assert asyncio.current_task().cancelling() == 0
+        assert await within(asyncio.sleep(0, result=5), 1.0, "step") == 5
+
+        task = asyncio.create_task(within(asyncio.sleep(1), 5.0, "step"))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):  # a cancel from outside stays a cancel
+            await task
+
+        async def swallows() -> int:
+            try:
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                return 7
+            return 0
+
+        assert await within(swallows(), 0.05, "step") == 7
+        await asyncio.sleep(0.01)  # no cancel request is left behind on the caller's task
+        assert asyncio.current_task().cancelling() == 0
+
+        async def own_timeout() -> None:
+            raise TimeoutError("read_timeout=2 s")
+
+        with pytest.raises(TimeoutError, match="read_timeout") as err:  # the adapter's own limit keeps its name
+            await within(own_timeout(), 1.0, "step")
+        assert not isinstance(err.value, BackendTimeout)
+
+    asyncio.run(main())
