@@ -6,7 +6,8 @@ the policy for their next actions in one batch, and sends again. The vector env 
 SAME_STEP autoreset mode, so a finished sub-env's next episode starts in the same round trip
 (send/recv and the autoreset modes: docs/architecture.md, "Vector envs").
 
-Each finished episode can be written as one JSON line: the task reference, the tools offered, the
+Each finished episode can be written as one JSON line (an
+:class:`~openenv_gym.records.EpisodeRecord`): the task reference, the tools offered, the
 whole conversation, per-turn rewards, terminated/truncated, errors and, when the policy returns
 them, each assistant turn's prompt and completion token ids and logprobs. The summary reports
 episodes, mean reward, env-steps per second and step-latency percentiles.
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.policies import Policy, RandomPolicy
+from openenv_gym.records import as_assistant_message, encode_record
 from openenv_gym.vector.base import AgentVectorEnv, info_at
 
 __all__ = ["RolloutSummary", "RunStats", "advantages", "collect", "run"]
@@ -202,11 +204,11 @@ def run(
         actions = policy.act_batch(ids, observations, step_infos)
         for i, action in zip(ids, actions):
             record = records[i]
-            record["messages"].append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
-            got = tokens(i) if tokens is not None else None
-            for field in TOKEN_FIELDS:
-                if got and got.get(field) is not None:
-                    record.setdefault(field, []).append(got[field])
+            record["messages"].append(as_assistant_message(action))
+            if tokens is not None:  # one entry per assistant turn (None where the server sent none)
+                got = tokens(i) or {}
+                for field in TOKEN_FIELDS:
+                    record.setdefault(field, []).append(got.get(field))
         envs.send(actions, ids)
         now = time.perf_counter()
         for i in ids:
@@ -259,6 +261,9 @@ def run(
                     continue
                 record.update(total_reward=sum(record["rewards"]), terminated=bool(batch.terminations[k_]),
                               truncated=bool(batch.truncations[k_]))
+                for field in TOKEN_FIELDS:  # a list of Nones says nothing: leave the field out
+                    if field in record and all(x is None for x in record[field]):
+                        del record[field]
                 returns.append(record["total_reward"])
                 bar.update(1)
                 emit(record)
@@ -329,12 +334,11 @@ def collect(
     envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
                         vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
     agent: Policy = RandomPolicy(seed=seed) if policy == "random" else policy  # type: ignore[assignment]
-    encoder = msgspec.json.Encoder()
     sink = open(out, "wb") if out is not None else None
 
     def write(record: dict[str, Any]) -> None:
-        if sink is not None:
-            sink.write(encoder.encode(record) + b"\n")
+        if sink is not None:  # one line per episode, an EpisodeRecord's fields
+            sink.write(encode_record({"env": env_id, **record}))
 
     start = time.perf_counter()
     try:

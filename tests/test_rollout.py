@@ -166,3 +166,24 @@ def test_records_carry_the_token_ids_and_logprobs_the_server_returned(tmp_path):
             if t + 1 < len(turns):  # the next prompt extends this prompt and completion
                 assert record["prompt_token_ids"][t + 1][:len(prompt) + len(completion)] == prompt + completion
         assert record["total_reward"] == 1.0  # the stub solves arithmetic
+
+
+def test_rollout_records_decode_as_episode_records_and_replay(tmp_path):
+    """A rollout line is an EpisodeRecord: replaying its actions on its task gives its rewards."""
+    import gymnasium as gym
+
+    from openenv_gym.records import read_records
+
+    out = tmp_path / "r.jsonl"
+    collect("openenv/Arithmetic-v0", 4, num_envs=2, seed=9, out=out, progress=False, policy=HalfRight())
+    records = read_records(out)
+    assert len(records) == 4 and all(r.env == "openenv/Arithmetic-v0" for r in records)
+    env = gym.make("openenv/Arithmetic-v0")
+    try:
+        for record in records:
+            obs, info = env.reset(options=record.reset_options())
+            assert info["task_id"] == record.task_id and obs == record.messages[:len(obs)]
+            rewards = [env.step(action)[1] for action in record.actions()]
+            assert rewards == record.rewards
+    finally:
+        env.close()

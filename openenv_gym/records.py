@@ -1,0 +1,251 @@
+"""The record of one finished episode, as a trainer reads it, and its JSONL encoding.
+
+:class:`EpisodeRecord` is what :class:`~openenv_gym.wrappers.RecordEpisodes` writes for every
+finished episode of a single env, and what a rollout (``rollout.collect``) writes for every
+episode of a vector env: one JSON object per line. It holds everything a trainer needs to build a
+sample without asking the environment again: which task was played (enough to replay it through
+``reset(options=record.reset_options())``), the tools offered, the whole conversation in order,
+per-turn rewards, how the episode ended, the errors reported on the way, the group and advantage
+of grouped collection, and, when a policy or :class:`~openenv_gym.wrappers.ChatTokens` provides
+them, each assistant turn's prompt and completion token ids and logprobs.
+
+Messages are plain OpenAI-format dicts (what a chat template consumes), as everywhere in the
+package (docs/architecture.md, "The Gymnasium contract"). The agent's own turns are normalised by
+:func:`as_assistant_message`, so every assistant message in a record can be sent back to the env
+as an action and every ``tool`` message answers a call id that appears in the conversation.
+
+A record holds only what the conversation already holds plus the task reference: never an env's
+kwargs (API keys, URLs with tokens) and nothing else from ``info``.
+
+Writing is safe to read while it happens: every record is one line written by one ``write`` call,
+and :func:`iter_records` yields only complete lines, so a reader never sees half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from openenv_gym.wire import AssistantMessage, Message, decode_with, to_plain_json
+
+__all__ = [
+    "EpisodeRecord",
+    "as_assistant_message",
+    "encode_record",
+    "decode_record",
+    "iter_records",
+    "read_records",
+    "write_records",
+]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class EpisodeRecord(msgspec.Struct, kw_only=True):
+    """One finished episode: the task, the conversation, the rewards, and what a trainer adds.
+
+    Field names follow the keys ``rollout.run`` has always written, so old JSONL files decode
+    into this type (unknown keys are ignored, missing ones take their defaults).
+
+    Every per-assistant-turn list (``prompt_token_ids``, ``completion_token_ids``, ``logprobs``)
+    has one entry per assistant message of :attr:`messages`, in order, or is ``None`` as a whole
+    when nothing provided it; an entry is ``None`` for a turn whose tokens are unknown (e.g. a
+    text action under :class:`~openenv_gym.wrappers.ChatTokens` has prompt ids but no completion
+    ids).
+    """
+
+    env: str | None = None
+    """The registered Gymnasium id (``"openenv/Arithmetic-v0"``), when the env has a spec."""
+    env_id: int | None = None
+    """The sub-env index in a vector env (the key ``rollout.run`` uses); ``None`` for a single env."""
+    task_id: str | None = None
+    """The task's stable name (``info["task_id"]``, e.g. ``"train/17"``)."""
+    split: str | None = None
+    index: int | None = None
+    """The task's index in ``split``; ``None`` for an explicit task spec."""
+    task: dict[str, Any] | None = None
+    """The explicit task spec passed as ``reset(options={"task": ...})``, if one was."""
+    seed: int | None = None
+    """The seed passed to the ``reset`` that began the episode, if one was."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools offered at the start of the episode (OpenAI ``tools`` entries)."""
+    messages: list[Message] = []
+    """The whole conversation, in order: the opening (system/user), then each assistant message
+    followed by the messages that answered it (tool/user)."""
+    rewards: list[float] = []
+    """One reward per step (per assistant message)."""
+    total_reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    errors: list[dict[str, Any]] = []
+    """Every ``info["error"]`` of the episode (``{"type", "message"}``), in order."""
+    group: int | None = None
+    """Grouped collection: the group of sub-envs that played this task."""
+    group_episode: int | None = None
+    """Grouped collection: which of the group's episodes this is (0, 1, ...)."""
+    advantage: float | None = None
+    """Grouped collection: ``(r - mean) / (std + eps)`` over the group's total rewards."""
+    prompt_token_ids: list[list[int] | None] | None = None
+    """Per assistant turn: the token ids of the prompt the turn was generated from."""
+    completion_token_ids: list[list[int] | None] | None = None
+    """Per assistant turn: the token ids the model generated."""
+    logprobs: list[list[float] | None] | None = None
+    """Per assistant turn: the log-probability of each completion token."""
+
+    def reset_options(self) -> dict[str, Any]:
+        """The ``reset`` options that start this episode's task again: ``{"task": spec}`` for an
+        explicit task, else ``{"split", "index"}``."""
+        if self.task is not None:
+            return {"task": self.task}
+        options: dict[str, Any] = {}
+        if self.split is not None:
+            options["split"] = self.split
+        if self.index is not None:
+            options["index"] = self.index
+        return options
+
+    def actions(self) -> list[Message]:
+        """The agent's actions, in order: the assistant messages of the conversation."""
+        return [m for m in self.messages if isinstance(m, dict) and m.get("role") == "assistant"]
+
+
+# -- the agent's turn as a message --------------------------------------------------------------
+
+
+def as_assistant_message(action: Any) -> Message:
+    """``action`` as an OpenAI assistant message dict, the form records and histories hold.
+
+    Text becomes ``{"role": "assistant", "content": text}``; a dict or an
+    :class:`~openenv_gym.wire.AssistantMessage` is copied with ``role`` set to ``assistant``, each
+    tool call given the id :func:`~openenv_gym.actions.parse_action` would give it (``call_<n>``,
+    so the ``tool`` answers pair up) and ``type: "function"``, and dict ``arguments`` encoded as a
+    JSON string (the OpenAI form). Anything else (``None``, a number, a list: values the env
+    answers as unreadable) becomes an assistant message with no content. Never raises; the
+    caller's objects are never modified.
+    """
+    if isinstance(action, str):
+        return {"role": "assistant", "content": str(action)}
+    if isinstance(action, AssistantMessage):
+        try:
+            action = msgspec.to_builtins(action)
+        except Exception:
+            return {"role": "assistant", "content": None}
+    if not isinstance(action, dict):
+        return {"role": "assistant", "content": None}
+    try:
+        message = dict(action)
+    except Exception:  # a dict subclass whose own methods fail
+        return {"role": "assistant", "content": None}
+    message["role"] = "assistant"
+    content = message.get("content")
+    if isinstance(content, (list, tuple)):
+        message["content"] = list(content)
+    calls = message.get("tool_calls")
+    if isinstance(calls, (list, tuple)):
+        message["tool_calls"] = [_call(n, c) for n, c in enumerate(calls)]
+    return message
+
+
+def _call(n: int, call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    out = dict(call)
+    if not out.get("id"):
+        out["id"] = f"call_{n}"
+    out.setdefault("type", "function")
+    fn = out.get("function")
+    if isinstance(fn, dict):
+        fn = dict(fn)
+        if isinstance(fn.get("arguments"), dict):
+            plain, why = to_plain_json(fn["arguments"])
+            if why is None:  # arguments that are not plain JSON stay as they were: the env answered them
+                fn["arguments"] = json.dumps(plain, ensure_ascii=False)
+        out["function"] = fn
+    return out
+
+
+# -- JSONL ----------------------------------------------------------------------------------------
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    # Something no model wrote (an object inside a trainer's message): name its type, nothing more
+    # (its repr could hold anything).
+    return f"<{type(obj).__name__}>"
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.json.Decoder(EpisodeRecord)
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD (UTF-8 cannot hold them)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_scrub(k) if isinstance(k, str) else k: _scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    if isinstance(value, msgspec.Struct):
+        return _scrub(msgspec.to_builtins(value, enc_hook=_enc_hook))
+    return value
+
+
+def encode_record(record: EpisodeRecord | dict[str, Any]) -> bytes:
+    """One JSON line (ending in ``\\n``) for ``record``.
+
+    Never fails on what a model wrote: a lone surrogate (which UTF-8 cannot hold; the env answered
+    it as an error) is written as U+FFFD, and a non-JSON object a trainer put in a message is
+    written as ``"<typename>"``. Rewards are finite by the env contract; JSON has no NaN, so a
+    NaN a backend reported would be written as ``null`` and refused by :func:`decode_record`.
+    """
+    try:
+        data = _encoder.encode(record)
+    except UnicodeEncodeError:
+        data = _encoder.encode(_scrub(record))
+    return data + b"\n"
+
+
+def decode_record(line: bytes | str) -> EpisodeRecord:
+    """The :class:`EpisodeRecord` of one JSON line; ``msgspec.DecodeError`` (a ``ValueError``)
+    names what is wrong with a malformed one."""
+    return decode_with(_decoder, line)
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[EpisodeRecord]:
+    """The records of a JSONL file, in order, read line by line.
+
+    Only complete lines are read: a last line without its ``\\n`` is a record still being
+    written, and is skipped, so this is safe on a file another process is writing.
+    """
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                yield decode_record(line)
+
+
+def read_records(path: str | os.PathLike[str]) -> list[EpisodeRecord]:
+    """All complete records of a JSONL file (see :func:`iter_records`)."""
+    return list(iter_records(path))
+
+
+def write_records(path: str | os.PathLike[str], records: Iterable[EpisodeRecord], append: bool = False) -> int:
+    """Write ``records`` as JSONL to ``path`` (appending if ``append``); returns how many."""
+    n = 0
+    with open(Path(path), "ab" if append else "wb") as f:
+        for record in records:
+            f.write(encode_record(record))
+            n += 1
+    return n
