@@ -81,7 +81,7 @@ NEEDS: dict[str, str] = {
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
 
-VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps", "group_size")
+VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps", "group_size", "env_wrappers")
 """Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
 
 EXPECTED_SESSIONS = "expected_sessions"
@@ -152,6 +152,7 @@ def make_vec(
     autoreset_mode: Any = None,
     max_episode_steps: int | None = None,
     group_size: int | None = None,
+    env_wrappers: Any = None,
     **kwargs: Any,
 ) -> AgentVectorEnv:
     """Gymnasium vector entry point of every openenv id: ``gym.make_vec(id, num_envs, backend=...)``.
@@ -160,7 +161,9 @@ def make_vec(
     ``max_episode_steps`` caps ``max_turns``; ``vector_options`` go to the backend's class
     (``envs_per_client``, ``max_in_flight``, ``num_actors``, ``address``, ``runtime_env``...).
     ``group_size=k`` makes groups of ``k`` sub-envs whose ``e``-th episodes share a task (GRPO,
-    RLOO, pass@k; ``infos["group"]``, ``infos["group_episode"]``).
+    RLOO, pass@k; ``infos["group"]``, ``infos["group_episode"]``). ``env_wrappers=[W, ...]`` stacks
+    Gymnasium wrappers on every sub-env (Gymnasium's own ``wrappers=`` argument is refused for
+    vector entry points, hence the other name).
     ``render_mode`` is accepted for Gymnasium's sake; vector envs do not render. Every name is
     checked before a server, client or actor starts. An adapter whose constructor takes
     :data:`EXPECTED_SESSIONS` is told ``num_envs`` (an OpenEnv ``source`` sizes its server so).
@@ -186,6 +189,11 @@ def make_vec(
         check_kwargs(options, takes - own, f"vector_options of the {backend!r} backend")
     if autoreset_mode is not None:
         options["autoreset_mode"] = autoreset_mode
+    if env_wrappers is not None:
+        if "env_wrappers" not in (takes or ()):
+            raise ConfigurationError(f"env_wrappers are not supported by the {backend!r} backend; use "
+                                     "backend='concurrent'")
+        options["env_wrappers"] = env_wrappers
     try:
         return vector.make(num_envs, spec, backend=backend, group_size=group_size, **env_kwargs, **options)
     except TypeError as exc:  # as in make_env: never let a TypeError reach a formatter of kwargs

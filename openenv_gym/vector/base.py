@@ -179,6 +179,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
         self._groups: Groups | None = None
+        self._any_action = False  # sub-env wrappers decide what an action may be (token ids, ...)
         self._busy = threading.Lock()
         runtime.track(self)
 
@@ -502,7 +503,8 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                 if self.autoreset_mode == AutoresetMode.DISABLED and sub.phase in (Phase.ENDED, Phase.BROKEN):
                     raise EpisodeFinished(f"sub-env {i} has ended and autoreset is disabled; reset it with "
                                           "options={'reset_mask': mask}")
-                check_action_type(action)
+                if not self._any_action:
+                    check_action_type(action)
             ops = []
             for i, action in zip(ids, actions):
                 phase = self._subs[i].phase

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
@@ -21,6 +21,7 @@ from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT, EnvSession
 from openenv_gym.vector.base import AgentVectorEnv
 from openenv_gym.vector.ops import Op, call_each, run_op
+from openenv_gym.vector.wrapped import SubEnvWrappers, check_wrappers
 
 __all__ = ["ConcurrentVectorEnv"]
 
@@ -35,6 +36,8 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         max_turns: truncate each episode after this many agent actions.
         envs_per_client: sub-envs per adapter (each adapter has its own connection pool).
         max_in_flight: bound on concurrent backend operations (``None``: no bound).
+        env_wrappers: Gymnasium wrappers (callables ``env -> env``) stacked on every sub-env, as
+            on a single env (:mod:`openenv_gym.vector.wrapped`).
         autoreset_mode, step_timeout: see :class:`~openenv_gym.vector.base.AgentVectorEnv`.
     """
 
@@ -49,8 +52,12 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         max_in_flight: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = STEP_TIMEOUT,
+        env_wrappers: Sequence[Callable[[Any], Any]] | None = None,
     ):
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any server or client starts
+        wrappers = check_wrappers(env_wrappers)
+        self._wrapped = SubEnvWrappers(wrappers, num_envs) if wrappers else None
+        self._tools: list[Any] = []
         self._spec_adapter = adapter
         self._split, self._max_turns = split, max_turns
         self._adapters: list[Adapter] = []
@@ -60,7 +67,9 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         self._sem: asyncio.Semaphore | None = None
         shards = max(1, math.ceil(num_envs / max(1, envs_per_client)))
         tools = runtime.run_sync(self._start(num_envs, shards))
+        self._tools = list(tools)
         super().__init__(num_envs, tools, autoreset_mode=autoreset_mode, step_timeout=step_timeout)
+        self._any_action = self._wrapped is not None  # a wrapper decides what an action may be
 
     async def _start(self, num_envs: int, shards: int) -> list[Any]:
         adapters = [self._spec_adapter.build() for _ in range(shards)]
@@ -106,11 +115,12 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
             except Exception:
                 pass  # the old episode's backend is the thing that failed
         session = self._sessions[op.env_id]
+        wrapped = None if self._wrapped is None else (self._wrapped, self._wrapped.stack(op.env_id, session, self._tools))
         if self._sem is None:
-            result = await run_op(session, op, self.step_timeout)
+            result = await run_op(session, op, self.step_timeout, wrapped)
         else:
             async with self._sem:
-                result = await run_op(session, op, self.step_timeout)
+                result = await run_op(session, op, self.step_timeout, wrapped)
         if self._tasks.get(op.env_id) is asyncio.current_task():
             del self._tasks[op.env_id]
         self._deliver(result)
@@ -130,6 +140,8 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
 
     async def _aclose_backend(self) -> None:
         await self._cancel(list(self._tasks))
+        if self._wrapped is not None:
+            self._wrapped.close()
         await asyncio.gather(*(s.aclose() for s in self._sessions), return_exceptions=True)
         await asyncio.gather(*(a.aclose() for a in self._adapters), return_exceptions=True)
         self._sessions, self._adapters = [], []

@@ -67,25 +67,37 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return error
 
 
-async def run_op(session: EnvSession, op: Op, timeout: float | None = None) -> Result:
+async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrapped: Any = None) -> Result:
     """Execute ``op`` on ``session``; failures and timeouts become ``Result.error``.
 
     ``step_reset`` is SAME_STEP autoreset done where the env lives, so it costs one round trip:
     the step's final observation and info go into ``info["final_obs"]``/``info["final_info"]``
-    and the returned observation is the next episode's first.
+    and the returned observation is the next episode's first. ``wrapped``: ``(SubEnvWrappers,
+    env)``, the sub-env's wrapper stack over ``session``, which then takes every reset and step.
     """
+    if wrapped is None:
+        reset: Any = session.reset
+        step: Any = session.step
+    else:
+        runner, env = wrapped
+
+        def reset(seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+            return runner.run(env.reset, seed=seed, options=options)
+
+        def step(action: Any) -> Any:
+            return runner.run(env.step, action)
     try:
         if op.kind == "reset":
-            obs, info = await within(session.reset(op.seed, op.options), timeout, "the sub-env's reset")
+            obs, info = await within(reset(op.seed, op.options), timeout, "the sub-env's reset")
             if op.note:
                 info = {**info, **op.note}
             return Result(op.env_id, op.req_id, obs, info=info)
         action = op.turn if op.turn is not None else op.action
-        obs, reward, terminated, truncated, info = await within(session.step(action), timeout, "the sub-env's step")
+        obs, reward, terminated, truncated, info = await within(step(action), timeout, "the sub-env's step")
         if op.kind == "step_reset" and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}
             try:
-                obs, info = await within(session.reset(op.next_seed), timeout, "the sub-env's autoreset")
+                obs, info = await within(reset(op.next_seed), timeout, "the sub-env's autoreset")
             except Exception as exc:  # the step happened; only the reset failed
                 return Result(op.env_id, op.req_id, [], reward, terminated, truncated,
                               {**final, "error": _error(exc)}, error=_error(exc))

@@ -1,0 +1,75 @@
+"""Gymnasium wrappers per sub-env of a vector env: ``gym.make_vec(..., env_wrappers=[...])``.
+
+A trainer stacks the same wrappers on every sub-env as on a single env and drives the vector env
+first-ready: text tool calls parsed per sub-env, whole conversations as observations (autoresets
+included), every finished episode recorded and replayable, token-id actions passing ``send``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import gymnasium as gym
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import openenv_gym  # noqa: F401
+from openenv_gym.errors import ConfigurationError
+from openenv_gym.records import read_records
+from openenv_gym.vector.base import info_at
+from openenv_gym.wrappers import ConversationHistory, RecordEpisodes, TextToolCalls
+
+ARITH = "openenv/Arithmetic-v0"
+
+
+def hermes(name: str, args: dict) -> str:
+    return f"Let me use a tool.\n<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+
+def question(messages: list[dict]) -> str:
+    return next(m["content"] for m in messages if m["role"] == "user").split("Compute ", 1)[1].split(". ", 1)[0]
+
+
+def test_text_tool_calls_and_whole_conversations_per_sub_env(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    envs = gym.make_vec(ARITH, num_envs=4, autoreset_mode=AutoresetMode.SAME_STEP,
+                        env_wrappers=[TextToolCalls, ConversationHistory, functools.partial(RecordEpisodes, path=path)])
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert all(len(o) == 1 and o[0]["role"] == "user" for o in obs)
+        envs.send([hermes("calculator", {"expression": question(o)}) for o in obs])
+        calc = {}
+        while len(calc) < 4:  # first-ready: the sub-envs answer in any order
+            b = envs.recv(2)
+            for k, i in enumerate(b.env_ids.tolist()):
+                conversation = b.obs[k]
+                assert [m["role"] for m in conversation] == ["user", "assistant", "tool"]
+                assert conversation[1]["tool_calls"][0]["function"]["name"] == "calculator"
+                assert conversation[1]["content"] == "Let me use a tool."  # the text outside the call
+                calc[i] = conversation
+        envs.send([hermes("submit", {"answer": calc[i][-1]["content"]}) for i in range(4)])
+        b = envs.recv()
+        assert b.terminations.all() and (b.rewards == 1.0).all()
+        for k in range(4):
+            info = info_at(b.infos, k)
+            assert [m["role"] for m in info["final_obs"]] == ["user", "assistant", "tool", "assistant", "tool"]
+            assert [m["role"] for m in b.obs[k]] == ["user"]  # the autoreset went through the wrappers
+    finally:
+        envs.close()
+    records = read_records(path)
+    assert len(records) == 4 and all(r.total_reward == 1.0 and r.terminated for r in records)
+    env = gym.make(ARITH)
+    try:
+        for record in records:  # each recorded episode replays on a single env
+            env.reset(options=record.reset_options())
+            assert [env.step(a)[1] for a in record.actions()] == record.rewards
+    finally:
+        env.close()
+
+
+def test_wrappers_must_be_callables_and_need_the_concurrent_backend():
+    with pytest.raises(ConfigurationError, match="callable"):
+        gym.make_vec(ARITH, num_envs=2, env_wrappers=["TextToolCalls"])
+    with pytest.raises(ConfigurationError, match="list"):
+        gym.make_vec(ARITH, num_envs=2, env_wrappers=TextToolCalls)
