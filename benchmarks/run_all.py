@@ -128,7 +128,9 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> 
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, {info['memory_gib']} GiB), "
         f"{info['os']}, Python {info['python']}; commit {info['commit']}; {pk}.",
         f"Command: `{command}`. Each figure: median of the repeats (min-max); ratios are ours / the baseline "
-        "measured in the same run.",
+        "measured in the same run."
+        + (f" Rows of {', '.join(info['earlier_run']['kept'])} are from the run of {info['earlier_run']['date']} "
+           f"(commit {info['earlier_run']['commit']})." if info.get("earlier_run") else ""),
         "",
         "| benchmark | figure | median | min-max | target | met |",
         "|---|---|---|---|---|---|",
@@ -152,6 +154,8 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated benchmark names: " + ",".join(b[0] for b in BENCHES))
     parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
     parser.add_argument("--out", default=str(HERE / "results"), help="output stem (.md and .json are added)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other benchmarks' rows of an earlier run's JSON (re-run some, keep one table)")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
     if only and (unknown := only - {b[0] for b in BENCHES}):
@@ -180,6 +184,16 @@ def main() -> None:
             print(f"   did not run: {run['error']}", flush=True)
     command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "") + \
         (f" --only {args.only}" if args.only else "")
+    earlier = Path(str(out) + ".json")
+    if args.update and earlier.exists():
+        old = json.loads(earlier.read_text())
+        fresh = {r["name"]: r for r in runs}
+        order = [b[0] for b in BENCHES]
+        kept = [r for r in old["runs"] if r["name"] not in fresh]
+        runs = sorted(kept + runs, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+        info["earlier_run"] = {"date": old["machine"]["date"], "commit": old["machine"]["commit"],
+                               "kept": [r["name"] for r in kept]}
+        command = f"{old['command']}; then {command} --update"
     table = markdown(runs, info, command)
     Path(str(out) + ".md").write_text(table)
     Path(str(out) + ".json").write_text(json.dumps({"machine": info, "command": command, "runs": runs}, indent=2,
