@@ -55,16 +55,17 @@ def concurrent_steps_per_sec(num_envs: int, seconds: float, url: str | None = No
         for _ in range(2 * num_envs // batch):  # warm-up
             b = envs.recv(batch)
             envs.send([CALC] * len(b.env_ids), b.env_ids)
-        steps, start = 0, time.perf_counter()
+        steps, start, cpu = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - start < seconds:
             b = envs.recv(batch)
             steps += int(sum("calls" in i for i in _infos(b)))  # tool calls, not autoreset results
             envs.send([CALC] * len(b.env_ids), b.env_ids)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         envs.recv()
     finally:
         envs.close()
-    return {"steps_per_sec": steps / elapsed, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"steps_per_sec": steps / elapsed, "cpu_us_per_step": cpu / steps * 1e6,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _infos(batch: Any) -> list[dict[str, Any]]:
@@ -97,12 +98,14 @@ def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:
         for r in range(reps):
             for n in runs:
                 runs[n].append(_child(n, seconds, url))
-                print(f"  collapse rep {r}: {n:5d} sub-envs {runs[n][-1]['steps_per_sec']:8.1f} env-steps/s "
-                      f"(peak RSS {runs[n][-1]['peak_rss_mib']:.0f} MiB)")
+                print(f"  collapse rep {r}: {n:5d} sub-envs {runs[n][-1]['steps_per_sec']:8.1f} env-steps/s, "
+                      f"client CPU {runs[n][-1]['cpu_us_per_step']:5.0f} us/step (peak RSS {runs[n][-1]['peak_rss_mib']:.0f} MiB)")
     finally:
         env.close()
     per = {n: [x["steps_per_sec"] for x in v] for n, v in runs.items()}
-    return {"steps_per_sec": per,
+    cpu = {n: [x["cpu_us_per_step"] for x in v] for n, v in runs.items()}
+    return {"steps_per_sec": per, "cpu_us_per_step": cpu,
+            "cpu_ratios_1024_to_8": [a / b for a, b in zip(cpu[1024], cpu[8])],
             "ratios_128_to_8": [a / b for a, b in zip(per[128], per[8])],
             "ratios_1024_to_8": [a / b for a, b in zip(per[1024], per[8])],
             "peak_rss_mib_1024": [x["peak_rss_mib"] for x in runs[1024]]}
@@ -308,6 +311,8 @@ def main() -> None:
         results["collapse"] = c = bench_collapse(args.reps, args.seconds)
         figures.append(figure("ConcurrentVectorEnv 128 vs 8 sub-envs", c["ratios_128_to_8"], target=0.8))
         figures.append(figure("ConcurrentVectorEnv 1,024 vs 8 sub-envs", c["ratios_1024_to_8"], target=0.8))
+        figures.append(figure("client CPU per env-step, 1,024 vs 8 sub-envs (the client's own scaling)",
+                              c["cpu_ratios_1024_to_8"], higher_is_better=False, target=1.25))
         figures.append(figure("peak RSS at 1,024 sub-envs", c["peak_rss_mib_1024"], unit="MiB", higher_is_better=False))
     for f in figures:
         target = "" if f["target"] is None else f"   target {'>=' if f['higher_is_better'] else '<='} {f['target']:g}"
