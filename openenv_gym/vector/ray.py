@@ -312,6 +312,11 @@ def _loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+_TRIM = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+"""A local Ray started here starts no idle workers ahead of need (one per CPU otherwise, ~45 MiB
+each): the actors are the only workers it runs."""
+
+
 def _acquire_ray(address: str | None) -> bool:
     """Make sure Ray is initialised; True if this module initialised it (and must shut it down)."""
     global _ray_users
@@ -329,7 +334,7 @@ def _acquire_ray(address: str | None) -> bool:
             level = auth_log.level
             auth_log.setLevel(logging.ERROR)
             try:
-                ray.init(include_dashboard=False)
+                ray.init(include_dashboard=False, _system_config=_TRIM)
             finally:
                 auth_log.setLevel(level)
         else:
