@@ -1,19 +1,26 @@
-"""Ray section of ``benchmarks/vector.py`` (kept apart because it needs ``ray``).
+"""RayVectorEnv against Gymnasium's AsyncVectorEnv and against raw Ray actor calls.
 
-At 64 sub-envs on one shared Arithmetic ORS server (so only the vectorization differs):
+On one shared Arithmetic ORS server (so only the vectorization differs):
 
-* env-steps/sec of RayVectorEnv (``num_actors`` async actors, many sub-envs each) against
-  Gymnasium's AsyncVectorEnv (64 worker processes, ``shared_memory=False``); target >= 1.0;
-* memory as PSS: everything each side runs (driver, workers, and for Ray its head processes
-  too), measured while both are up; target: Ray <= 1/4 of AsyncVectorEnv;
-* the p50 latency one RayVectorEnv step adds over a raw Ray actor call doing the same session
-  step (one sub-env); target <= 0.5 ms.
+* **speed** at 64 sub-envs: env-steps/s of RayVectorEnv (a few async actors, many sub-envs each)
+  against AsyncVectorEnv (64 worker processes, ``shared_memory=False``, fork), lockstep steps;
+  target >= 1.0;
+* **memory** at 64 and at 256 sub-envs: PSS of everything each side runs (Ray: its head
+  services and the actors; AsyncVectorEnv: its worker processes), measured while it is up;
+  target at 256: Ray <= 1/4 of AsyncVectorEnv;
+* **latency** at 64 sub-envs: the p50 of one lockstep RayVectorEnv step against raw Ray calls
+  doing the same work (one call per actor, each stepping its shard's sessions concurrently);
+  the difference is what the vector env adds; target <= 0.5 ms.
+
+    python benchmarks/ray_bench.py [--reps 3] [--json out.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -67,7 +74,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
     import ray
 
     import openenv_gym  # noqa: F401
-    from openenv_gym.bench import _children
+    from openenv_gym.testing.procs import children as _children
 
     server = gym.make("openenv/Arithmetic-v0")
     url = server.unwrapped.adapter._server.url
@@ -172,3 +179,135 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
           f"{result['memory_ratio_forkserver']:.2f} (target <= 0.25)")
     print(f"ray: added p50 latency {result['added_p50_ms']:.2f} ms over a raw actor call (target <= 0.5)")
     return result
+
+
+# -- the issue-13 figures: PSS at 64 and 256, added latency at 64 -------------------------------------
+def _tree_pss(pids: set[int]) -> float:
+    from openenv_gym.testing.procs import children as _children
+
+    pids = pids | {c for p in list(pids) for c in _children(p)}
+    return sum(_pss_kib(p) for p in pids) / 1024
+
+
+def pss_at(num_envs: int, kwargs: dict[str, Any]) -> tuple[float, float]:
+    """(Ray PSS, AsyncVectorEnv PSS) in MiB with ``num_envs`` sub-envs each, one side at a time."""
+    import gymnasium as gym
+
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, backend="ray", **kwargs)
+    try:
+        _lockstep(envs, 3)
+        ray_pss = _tree_pss(set(_ray_pids(set())))
+    finally:
+        envs.close()
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, vectorization_mode="async",
+                        vector_kwargs={"shared_memory": False}, **kwargs)
+    try:
+        _lockstep(envs, 3)
+        async_pss = _tree_pss({p.pid for p in envs.processes})
+    finally:
+        envs.close()
+    return ray_pss, async_pss
+
+
+def latency_at(num_envs: int, url: str, steps: int) -> tuple[list[float], list[float]]:
+    """Per-step seconds of a lockstep RayVectorEnv step and of raw actor calls doing the same."""
+    import asyncio
+
+    import gymnasium as gym
+    import ray
+
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, backend="ray", url=url, env_name="arithmetic",
+                        max_turns=10**9)
+    actors = envs.unwrapped.num_actors
+
+    @ray.remote(num_cpus=0)
+    class Raw:
+        async def start(self, n: int) -> None:
+            from openenv_gym.adapters.ors import ORSAdapter
+            from openenv_gym.session import EnvSession
+
+            self.adapters = [ORSAdapter(url=url, env_name="arithmetic") for _ in range(max(1, n // 8))]
+            await asyncio.gather(*(a.start() for a in self.adapters))
+            self.sessions = [EnvSession(self.adapters[i % len(self.adapters)], max_turns=10**9) for i in range(n)]
+            await asyncio.gather(*(s.reset(i) for i, s in enumerate(self.sessions)))
+
+        async def step(self, action: dict) -> list:
+            return await asyncio.gather(*(s.step(action) for s in self.sessions))
+
+    raws = [Raw.remote() for _ in range(actors)]
+    try:
+        ray.get([r.start.remote(num_envs // actors) for r in raws])
+        envs.reset(seed=0)
+        ours, base = [], []
+        for i in range(steps + 20):
+            t0 = time.perf_counter()
+            envs.step([CALC] * num_envs)
+            t1 = time.perf_counter()
+            ray.get([r.step.remote(CALC) for r in raws])
+            t2 = time.perf_counter()
+            if i >= 20:  # warm-up
+                ours.append(t1 - t0), base.append(t2 - t1)
+        return ours, base
+    finally:
+        for r in raws:
+            ray.kill(r)
+        envs.close()
+
+
+def main() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from figures import figure, write
+
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401
+    from openenv_gym.vector.ray import _acquire_ray, _release_ray
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=100, help="lockstep steps per latency repeat")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    server = gym.make("openenv/Arithmetic-v0")
+    url = server.unwrapped.adapter._server.url
+    kwargs = {"url": url, "env_name": "arithmetic", "max_turns": 8}
+    owned = _acquire_ray(None)  # one Ray runtime for every measurement, as a trainer would keep it
+    details: dict[str, Any] = {}
+    try:
+        speed = bench_ray(args.reps, 3.0)
+        details["speed"] = speed
+        added, p50_ours, p50_raw = [], [], []
+        for r in range(args.reps):
+            ours, base = latency_at(64, url, args.steps)
+            p50_ours.append(statistics.median(ours) * 1e3), p50_raw.append(statistics.median(base) * 1e3)
+            added.append(p50_ours[-1] - p50_raw[-1])
+            print(f"  latency rep {r}: RayVectorEnv step p50 {p50_ours[-1]:.2f} ms, raw actor calls "
+                  f"{p50_raw[-1]:.2f} ms, added {added[-1]:.2f} ms", flush=True)
+        pss = {}
+        for n in (64, 256):
+            pss[n] = pss_at(n, kwargs)
+            print(f"  PSS at {n}: Ray {pss[n][0]:.0f} MiB, AsyncVectorEnv {pss[n][1]:.0f} MiB "
+                  f"(ratio {pss[n][0] / pss[n][1]:.2f})", flush=True)
+    finally:
+        if owned:
+            _release_ray()
+        server.close()
+    details.update(p50_ms_ours=p50_ours, p50_ms_raw=p50_raw, pss_mib=pss)
+    figures = [
+        figure("RayVectorEnv vs AsyncVectorEnv (64 processes), env-steps/s at 64",
+               [speed["speed_ratio"]], target=1.0, note="lockstep steps"),
+        figure("Ray: p50 latency added over raw actor calls at 64 sub-envs", added, unit="ms", target=0.5,
+               higher_is_better=False),
+        figure("Ray PSS vs AsyncVectorEnv at 64 sub-envs", [pss[64][0] / pss[64][1]], higher_is_better=False,
+               note=f"{pss[64][0]:.0f} vs {pss[64][1]:.0f} MiB"),
+        figure("Ray PSS vs AsyncVectorEnv at 256 sub-envs", [pss[256][0] / pss[256][1]], target=0.25,
+               higher_is_better=False, note=f"{pss[256][0]:.0f} vs {pss[256][1]:.0f} MiB"),
+    ]
+    for f in figures:
+        print(f"{f['name']}: {f['median']:.2f} {f['unit']} ({f['min']:.2f}-{f['max']:.2f})"
+              + ("" if f["target"] is None else f"  target {'>=' if f['higher_is_better'] else '<='} {f['target']}"))
+    write(args.json, figures, details)
+
+
+if __name__ == "__main__":
+    main()
