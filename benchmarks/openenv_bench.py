@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import httpx
 
 import openenv_gym  # noqa: F401
 
@@ -64,24 +62,15 @@ def _call(move: str) -> dict:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from servers import free_port, wait_healthy
+
+    port = free_port()
     env = dict(os.environ, MAX_CONCURRENT_ENVS=str(4 * NUM_ENVS), ENABLE_WEB_INTERFACE="false")
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "openenv_grid_env.server.app:app", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
         cwd=str(ENVS), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the OpenEnv server did not start")
+    return wait_healthy(proc, f"http://127.0.0.1:{port}", "OpenEnv")
 
 
 # -- single env ------------------------------------------------------------------------------------

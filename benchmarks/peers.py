@@ -23,15 +23,13 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import Any, Callable
 
-import httpx
-
 from figures import figure, write
+from servers import free_port, wait_healthy
 
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")  # no PyPI check from the SDK client
 
@@ -49,21 +47,10 @@ def start_arithmetic() -> tuple[subprocess.Popen, str]:
     """The bundled Arithmetic env under ``ors-sdk``'s own server, on a free 127.0.0.1 port."""
     import openenv_gym.examples.arithmetic as arithmetic
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, arithmetic.__file__, str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the Arithmetic server did not start")
+    return wait_healthy(proc, f"http://127.0.0.1:{port}", "Arithmetic")
 
 
 def _stop(proc: subprocess.Popen) -> None:

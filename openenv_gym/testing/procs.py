@@ -9,6 +9,8 @@ answers as if nothing were running.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterable
 
 __all__ = ["alive", "parents", "children", "descendants", "cmdline", "rss_kib"]
 
@@ -82,3 +84,13 @@ def rss_kib(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def wait_dead(pids: Iterable[int], timeout: float = 20.0) -> list[int]:
+    """Wait up to ``timeout`` seconds for every pid to exit; the ones still alive (empty: all gone)."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left

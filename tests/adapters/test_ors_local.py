@@ -15,6 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from conftest import ENVS, pid_alive  # noqa: E402
 
+from openenv_gym.testing import procs  # noqa: E402
+
 LAUNCH = textwrap.dedent(f"""
     import sys, time, gymnasium as gym, openenv_gym
     env = gym.make("openenv/ORS-v0", source={str(ENVS / 'ors_probe.py')!r}, env_class="Probe")
@@ -26,12 +28,7 @@ LAUNCH = textwrap.dedent(f"""
 
 
 def wait_dead(pid: int, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
+    return not procs.wait_dead([pid], seconds)
 
 
 def start(mode: str) -> tuple[subprocess.Popen, int]:

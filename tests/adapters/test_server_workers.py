@@ -59,12 +59,7 @@ def serve_children() -> set[int]:
 
 
 def wait_dead(pids, seconds: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    alive = [p for p in pids if pid_alive(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if pid_alive(p)]
-    return alive
+    return procs.wait_dead(pids, seconds)
 
 
 def burn_vec(num_envs: int, workers: int | None = 2, **kwargs):

@@ -84,12 +84,7 @@ def server_pids(actor_pid):
 
 
 def wait_dead(pids, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    alive = [p for p in pids if pid_alive(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if pid_alive(p)]
-    return alive
+    return procs.wait_dead(pids, timeout)
 
 
 def actor_pids(envs):

@@ -15,6 +15,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from recorder import Recorder
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,18 +113,6 @@ def run(env: ContextManagement, name: str, **args) -> str:
 
 
 # -- over the real Arithmetic env ---------------------------------------------------------------------
-
-
-class Recorder(gym.Wrapper):
-    """Sits between ContextManagement and the real env, recording what the inner env is sent."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.actions: list = []
-
-    def step(self, action):
-        self.actions.append(copy.deepcopy(action))
-        return self.env.step(action)
 
 
 @pytest.fixture(scope="module")

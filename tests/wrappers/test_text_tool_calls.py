@@ -9,12 +9,12 @@ answered exactly as without the wrapper.
 
 from __future__ import annotations
 
-import copy
 import json
 import warnings
 
 import gymnasium as gym
 import pytest
+from recorder import Recorder
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -179,18 +179,6 @@ def test_formats_select_the_parsers():
 
 
 # -- the wrapper over the real env ------------------------------------------------------------------
-
-
-class Recorder(gym.Wrapper):
-    """Below TextToolCalls: records exactly what the inner env is sent."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.actions: list = []
-
-    def step(self, action):
-        self.actions.append(copy.deepcopy(action))
-        return self.env.step(action)
 
 
 @pytest.fixture(scope="module")
