@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 
 import gymnasium as gym
+import pytest
+
+import openenv_gym  # noqa: F401  (registers the ids)
 
 
 class Recorder(gym.Wrapper):
@@ -17,3 +20,11 @@ class Recorder(gym.Wrapper):
     def step(self, action):
         self.actions.append(copy.deepcopy(action))
         return self.env.step(action)
+
+
+@pytest.fixture(scope="module")
+def base():
+    """One Arithmetic env per test module, under the wrapper being tested."""
+    env = gym.make("openenv/Arithmetic-v0")
+    yield env
+    env.close()

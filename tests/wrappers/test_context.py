@@ -15,7 +15,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
-from recorder import Recorder
+from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -113,13 +113,6 @@ def run(env: ContextManagement, name: str, **args) -> str:
 
 
 # -- over the real Arithmetic env ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base():
-    env = gym.make("openenv/Arithmetic-v0")
-    yield env
-    env.close()
 
 
 @pytest.fixture

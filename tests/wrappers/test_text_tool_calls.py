@@ -14,7 +14,7 @@ import warnings
 
 import gymnasium as gym
 import pytest
-from recorder import Recorder
+from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -179,13 +179,6 @@ def test_formats_select_the_parsers():
 
 
 # -- the wrapper over the real env ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base():
-    env = gym.make("openenv/Arithmetic-v0")
-    yield env
-    env.close()
 
 
 @pytest.fixture
