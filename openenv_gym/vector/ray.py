@@ -36,10 +36,11 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from openenv_gym import runtime
@@ -52,6 +53,7 @@ from openenv_gym.vector.base import AgentVectorEnv
 from openenv_gym.vector.ops import (
     Op, Result, call_each, decode_ops, decode_results, encode_ops, encode_results, run_op,
 )
+from openenv_gym.vector.wrapped import SubEnvWrappers, check_wrappers
 from openenv_gym.wire import ToolSpec
 
 try:
@@ -124,8 +126,10 @@ class EnvHost:
         envs_per_client: int,
         step_timeout: float | None,
         replaced: bool = False,
+        env_wrappers: list[Any] | None = None,
     ):
         self._spec = AdapterSpec(entry, adapter_kwargs)
+        self._wrapped = SubEnvWrappers(env_wrappers, len(env_ids)) if env_wrappers else None
         self._ids = list(env_ids)
         self._local = {i: k for k, i in enumerate(self._ids)}
         self._split, self._max_turns = split, max_turns
@@ -243,7 +247,9 @@ class EnvHost:
                                     "message": "the Ray actor hosting this sub-env died and was replaced; "
                                                "its episode was lost"})
             self._lost.discard(op.env_id)
-            return await run_op(session, op, self._step_timeout)
+            wrapped = None if self._wrapped is None else (
+                self._wrapped, self._wrapped.stack(op.env_id, session, self._tools))
+            return await run_op(session, op, self._step_timeout, wrapped)
         except Exception as exc:  # a bug rather than a backend failure: still only this sub-env
             return _failed(op, _error(exc))
 
@@ -280,6 +286,8 @@ class EnvHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._wrapped is not None:
+            self._wrapped.close()  # wrappers flush what they write (RecordEpisodes)
         sessions, self._sessions = list(self._sessions.values()), {}
         adapters, self._adapters = self._adapters, []
         self._started = False
@@ -400,9 +408,11 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         envs_per_client: int = 8,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = STEP_TIMEOUT,
+        env_wrappers: Sequence[Any] | None = None,
     ):
         if num_envs < 1:
             raise ConfigurationError("num_envs must be at least 1")
+        self._env_wrappers = check_wrappers(env_wrappers)
         if num_actors is not None and num_actors < 1:
             raise ConfigurationError("num_actors must be at least 1")
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any actor starts
@@ -442,6 +452,7 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
                 _release_ray()
             raise
         super().__init__(num_envs, tools, autoreset_mode=autoreset_mode, step_timeout=step_timeout)
+        self._any_action = bool(self._env_wrappers)  # a wrapper decides what an action may be
 
     @property
     def num_actors(self) -> int:
@@ -456,7 +467,7 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         spec = self._spec_adapter
         return RemoteEnvHost.options(**self._options).remote(
             spec.entry, dict(spec.kwargs), self._shards[shard], self._split, self._max_turns,
-            self._envs_per_client, self._step_timeout, replaced,
+            self._envs_per_client, self._step_timeout, replaced, self._env_wrappers or None,
         )
 
     async def _start(self) -> list[ToolSpec]:
@@ -479,11 +490,15 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
         groups: dict[int, list[Op]] = {}
         n_actors = len(self._shards)
         for op in ops:
-            if op.action is not None:
+            if op.action is not None and not self._env_wrappers:
                 # Parsed here, because a raw action may hold what msgpack cannot carry (a lone
                 # surrogate, a huge int, deep nesting); a parsed turn always encodes, and its
-                # problems reach the agent as messages, as in a single env.
+                # problems reach the agent as messages, as in a single env. Under sub-env
+                # wrappers the action is theirs to read (text to parse, token ids), so it goes
+                # as it is, arrays as lists.
                 op.turn, op.action = parse_action(op.action), None
+            elif isinstance(op.action, np.ndarray):
+                op.action = op.action.tolist()
             groups.setdefault(op.env_id % n_actors, []).append(op)
         loop = asyncio.get_running_loop()
         for shard, shard_ops in groups.items():

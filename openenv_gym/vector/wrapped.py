@@ -8,7 +8,8 @@ run as coroutines on an event loop. This module joins the two: each sub-env gets
 and an op runs that stack on a worker thread of its own (``loop.run_in_executor``), whose inner
 ``step`` hands the session's coroutine back to the loop and waits. Sub-envs still run
 concurrently (one thread each, mostly waiting), first-ready ``recv`` and the autoreset modes are
-unchanged, and a SAME_STEP autoreset goes through the wrappers' ``reset`` too.
+unchanged, and a SAME_STEP autoreset goes through the wrappers' ``reset`` too. A Ray actor does the same with
+its own loop and threads, so the wrappers run where the sub-envs live.
 
 Wrappers are given as callables ``env -> env`` (a wrapper class, or ``functools.partial`` of one
 with its arguments), so the Ray backend can ship them to its actors by reference.

@@ -68,7 +68,27 @@ def test_text_tool_calls_and_whole_conversations_per_sub_env(tmp_path):
         env.close()
 
 
-def test_wrappers_must_be_callables_and_need_the_concurrent_backend():
+def test_wrappers_run_inside_the_ray_actors(tmp_path):
+    pytest.importorskip("ray")
+    path = tmp_path / "ray.jsonl"
+    envs = gym.make_vec(ARITH, num_envs=4, backend="ray", vector_options={"num_actors": 2},
+                        autoreset_mode=AutoresetMode.SAME_STEP,
+                        env_wrappers=[TextToolCalls, ConversationHistory, functools.partial(RecordEpisodes, path=path)])
+    try:
+        obs, _ = envs.reset(seed=1)
+        _, _, _, _, infos = envs.step([hermes("calculator", {"expression": question(o)}) for o in obs])
+        conversations = [info_at(infos, i) for i in range(4)]
+        obs = envs.step([hermes("submit", {"answer": "-1"})] * 4)[0]  # wrong answers end every episode
+        assert all([m["role"] for m in o] == ["user"] for o in obs)
+        assert all("error" not in c for c in conversations)
+    finally:
+        envs.close()
+    records = read_records(path)  # written by the actors' wrappers, flushed on close
+    assert len(records) == 4 and all(r.terminated and len(r.actions()) == 2 for r in records)
+    assert all(r.actions()[0]["tool_calls"][0]["function"]["name"] == "calculator" for r in records)
+
+
+def test_wrappers_must_be_callables():
     with pytest.raises(ConfigurationError, match="callable"):
         gym.make_vec(ARITH, num_envs=2, env_wrappers=["TextToolCalls"])
     with pytest.raises(ConfigurationError, match="list"):
