@@ -198,7 +198,7 @@ def main() -> None:
         figure("Unix socket vs TCP, single env, env-steps/s", [r["rate_ratio_single"] for r in rows], target=1.0),
         figure(f"Unix socket vs TCP, {args.sessions} concurrent, env-steps/s", [r["rate_ratio_concurrent"] for r in rows],
                target=1.0),
-    ], {"rounds": rows, "summary": summary, "args": vars(args)})
+    ], {"rounds": rows, "summary": summary, "args": {k: v for k, v in vars(args).items() if k != "json"}})
 
 if __name__ == "__main__":
     main()

@@ -5,10 +5,10 @@ The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches the HTTP c
 stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
 encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
 
-The client under it is aiohttp, chosen by measurement (``benchmarks/client_cost.py``): at 64
-concurrent sessions httpx spent about 1.7 ms of client CPU per env-step, most of it in httpcore's
-pool scanning every connection for each request and in anyio's per-request cancel scopes; aiohttp
-spends about 0.3 ms on the same calls. Other, colder paths (health checks, OpenEnv's HTTP
+The client under it is aiohttp, chosen by measurement (``benchmarks/vector.py --only client``):
+at 64 concurrent sessions httpx spent several times aiohttp's client CPU per env-step, most of it
+in httpcore's pool scanning every connection for each request and in anyio's per-request cancel
+scopes. Other, colder paths (health checks, OpenEnv's HTTP
 endpoints, policies) keep httpx through :func:`make_client`.
 
 Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first::
