@@ -33,7 +33,17 @@ __all__ = [
     "env_info",
     "errors",
     "list_environments",
+    "make_mixture",
     "register_all",
 ]
 
 register_all()
+
+
+def __getattr__(name: str) -> object:
+    # make_mixture is imported on first use: `import openenv_gym` stays light.
+    if name == "make_mixture":
+        from openenv_gym.mixture import make_mixture
+
+        return make_mixture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

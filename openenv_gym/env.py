@@ -33,6 +33,7 @@ import msgspec
 from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter
 from openenv_gym.errors import ConcurrentUse, ConfigurationError
+from openenv_gym.hosts.session import HostedSession
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT, EnvSession
 from openenv_gym.spaces import AssistantAction, Messages
@@ -47,7 +48,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     """A chat environment backed by an :class:`~openenv_gym.adapters.base.Adapter`.
 
     Args:
-        adapter: the backend; started here and closed by :meth:`close`.
+        adapter: the backend; started here and closed by :meth:`close`. ``None`` with ``hosted``.
         split: the default split for :meth:`reset` (default: the first ``train`` split).
         max_turns: truncate an episode after this many agent actions (``None``: no limit).
         render_mode: ``"ansi"`` to have :meth:`render` return the latest messages as text.
@@ -56,6 +57,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             :data:`~openenv_gym.session.STEP_TIMEOUT`, 900 s; ``None``: no limit). The same name
             and default as the vector envs'. A step cut short this way, or by Ctrl-C, leaves the
             episode needing :meth:`reset`.
+        hosted: play the env in an adapter host process instead (``gym.make(id, python=...)`` or
+            ``isolate=True``): the same contract, every call one request to the host.
 
     An env serves one caller at a time: a second thread calling ``reset`` or ``step`` while a
     call runs gets :class:`~openenv_gym.errors.ConcurrentUse`. A forgotten :meth:`close` is done
@@ -66,12 +69,13 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
 
     def __init__(
         self,
-        adapter: Adapter,
+        adapter: Adapter | None,
         *,
         split: str | None = None,
         max_turns: int | None = None,
         render_mode: str | None = None,
         step_timeout: float | None = STEP_TIMEOUT,
+        hosted: HostedSession | None = None,
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigurationError(f"render_mode must be one of {self.metadata['render_modes']}")
@@ -80,7 +84,9 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if step_timeout is not None and not step_timeout > 0:
             raise ConfigurationError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
         self.step_timeout = step_timeout
-        self._session = EnvSession(adapter, split=split, max_turns=max_turns)
+        if (adapter is None) == (hosted is None):
+            raise ConfigurationError("AgentEnv needs an adapter, or a hosted session (python=, isolate=True)")
+        self._session: EnvSession | HostedSession = hosted or EnvSession(adapter, split=split, max_turns=max_turns)
         self._split = split
         self._closed = False
         self._busy = threading.Lock()
@@ -92,17 +98,28 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         except BaseException:
             self._closed = True
             with contextlib.suppress(Exception):
-                runtime.run_sync(adapter.aclose(), _CLOSE_TIMEOUT)
+                runtime.run_sync(self._release_backend(), _CLOSE_TIMEOUT)
             raise
         runtime.track(self)
         self.observation_space = Messages()
         self.action_space = AssistantAction(self._base_tools)
 
     async def _start(self) -> None:
-        await self.adapter.start()
-        self._base_tools = await self.adapter.tools()
+        if isinstance(self._session, HostedSession):
+            self._base_tools = await self._session.start()
+        else:
+            assert self.adapter is not None
+            await self.adapter.start()
+            self._base_tools = await self.adapter.tools()
         if self._split is not None:
-            await self.adapter.num_tasks(self._split)  # fail at construction for an unknown split
+            await self._session.num_tasks(self._split)  # fail at construction for an unknown split
+
+    async def _release_backend(self) -> None:
+        """Close the adapter, or stop the host process that runs it."""
+        if isinstance(self._session, HostedSession):
+            await self._session.close()
+        elif self.adapter is not None:
+            await self.adapter.aclose()
 
     @property
     def max_turns(self) -> int | None:
@@ -256,7 +273,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         try:
             await self._session.aclose()
         finally:
-            await self.adapter.aclose()
+            await self._release_backend()
 
     def _check_open(self) -> None:
         if self._closed:

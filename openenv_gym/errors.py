@@ -26,6 +26,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "BackendTimeout",
+    "HostDied",
     "ServerError",
     "ProvisioningError",
     "EpisodeNotStarted",
@@ -34,6 +35,7 @@ __all__ = [
     "EpisodeInterrupted",
     "ConcurrentUse",
     "RuntimeClosed",
+    "from_wire",
 ]
 
 
@@ -77,6 +79,11 @@ class BackendUnavailable(BackendError, ConnectionError):
     """The backend cannot be reached or died (connection refused, process exited)."""
 
 
+class HostDied(BackendUnavailable):
+    """The process hosting an environment (an adapter host under another interpreter, a Ray
+    actor) died or stopped answering; it is replaced, and the episodes it held are lost."""
+
+
 class BackendTimeout(BackendError, TimeoutError):
     """The backend did not answer within the configured time."""
 
@@ -116,3 +123,19 @@ class ConcurrentUse(ConfigurationError, RuntimeError):
 
 class RuntimeClosed(OpenEnvGymError, RuntimeError):
     """The runtime loop was stopped at interpreter exit; nothing can run on it any more."""
+
+
+def from_wire(error: dict[str, object]) -> OpenEnvGymError:
+    """The exception an ``error`` entry (``{"type", "message"}``, as results carry it) stands for.
+
+    An error that crossed a process boundary (a host, an actor) is raised again as the class of
+    this module with that name, so a single env behaves the same in-process and isolated; a name
+    from elsewhere (a library's exception) becomes :class:`ServerError` with the name kept.
+    """
+    name, message = str(error.get("type", "")), str(error.get("message", ""))
+    cls = globals().get(name)
+    if isinstance(cls, type) and issubclass(cls, OpenEnvGymError):
+        return cls(message)
+    if name in ("TimeoutError", "asyncio.TimeoutError"):
+        return BackendTimeout(message)
+    return ServerError(f"{name}: {message}" if name else message)

@@ -48,6 +48,7 @@ from openenv_gym.redact import RedactedEnvSpec, redact_kwargs
 
 if TYPE_CHECKING:
     from openenv_gym.env import AgentEnv
+    from openenv_gym.hosts.interpreter import Interpreter
     from openenv_gym.vector import AgentVectorEnv
 
 __all__ = [
@@ -80,6 +81,11 @@ NEEDS: dict[str, str] = {
 
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
+
+HOST_KWARGS = ("python", "isolate")
+"""Kwargs that run the adapter in a host process under another interpreter (:mod:`openenv_gym.hosts`):
+``python=PATH``, or ``isolate=True`` (or a Python version such as ``"3.12"``) for the env's own
+venv, built by :mod:`openenv_gym.isolation.venvs` from its source's requirements."""
 
 VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps", "group_size", "env_wrappers")
 """Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
@@ -116,13 +122,53 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
         raise ConfigurationError(
             "this id names no adapter: register it with kwargs={'adapter': 'module:Class', ...}")
     env_kwargs = {k: kwargs.pop(k) for k in ENV_KWARGS if k in kwargs}
+    host = {k: kwargs.pop(k) for k in HOST_KWARGS if k in kwargs}
     spec = AdapterSpec(adapter, kwargs).resolve()
-    accepted = accepted_kwargs(spec.target())
+    try:
+        accepted = accepted_kwargs(spec.target())
+    except ImportError:
+        if not host:
+            raise
+        accepted = None  # the adapter needs packages only its host's interpreter has: it checks there
     if accepted is not None:
         for key in [k for k in env_kwargs if k in accepted]:
             spec.kwargs[key] = env_kwargs.pop(key)
-    spec.check(also=(*ENV_KWARGS, *also))
+        spec.check(also=(*ENV_KWARGS, *HOST_KWARGS, *also))
+    python = _host_python(spec, **host)
+    if python is not None:
+        env_kwargs["python"] = python
     return spec, env_kwargs
+
+
+def _kind_of(entry: str) -> str | None:
+    """The catalog kind whose adapter ``entry`` is (the module family under ``adapters/``)."""
+    module = entry.partition(":")[0]
+    for kind, target in ADAPTERS.items():
+        if module == target.partition(":")[0] or module.startswith(target.partition(":")[0] + "_"):
+            return kind
+    return None
+
+
+def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> Interpreter | None:
+    """The interpreter a host process runs the adapter under (``None``: in this process)."""
+    from openenv_gym.hosts.interpreter import Interpreter
+
+    if python is not None and isolate not in (None, False):
+        raise ConfigurationError("give python= (an interpreter) or isolate= (build the env's venv), not both")
+    if python is not None:
+        if not isinstance(python, (str, Path)) or not str(python):
+            raise ConfigurationError(f"python= must be the path of an interpreter, not {type(python).__name__}")
+        return Interpreter(path=str(python))
+    if isolate in (None, False):
+        return None
+    if isolate is not True and not isinstance(isolate, str):
+        raise ConfigurationError("isolate= must be True or a Python version such as '3.12'")
+    kind = _kind_of(spec.entry)
+    if kind is None:
+        raise ConfigurationError(f"isolate=True does not know which SDK {spec.entry} needs; pass python= instead")
+    source = spec.kwargs.get("source")
+    return Interpreter(kind=kind, source=None if source is None else str(source), sdk=spec.kwargs.get("sdk"),
+                       version=None if isolate is True else isolate)
 
 
 def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
@@ -136,7 +182,13 @@ def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs)
     from openenv_gym.env import AgentEnv
 
+    python = env_kwargs.pop("python", None)
     try:
+        if python is not None:
+            from openenv_gym.hosts.session import HostedSession
+
+            hosted = HostedSession(python.resolve(), spec, split=env_kwargs.get("split"), max_turns=env_kwargs.pop("max_turns", None))
+            return AgentEnv(None, hosted=hosted, **env_kwargs)
         return AgentEnv(spec.build(), **env_kwargs)
     except TypeError as exc:
         # Gymnasium would re-raise a TypeError with every kwarg in its message, secrets included.
@@ -176,16 +228,16 @@ def make_vec(
         raise ConfigurationError(f"unknown vector backend {backend!r}{hint}; use one of {', '.join(vector.BACKENDS)}")
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs, also=VECTOR_KWARGS)
     env_kwargs.pop("render_mode", None)
-    if EXPECTED_SESSIONS in (accepted_kwargs(spec.target()) or ()):
+    if EXPECTED_SESSIONS in (spec.accepted_here() or ()):
         spec.kwargs.setdefault(EXPECTED_SESSIONS, num_envs)
     if max_episode_steps is not None:
         turns = env_kwargs.get("max_turns")
         env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
     options = dict(vector_options or {})
-    cls = vector.ConcurrentVectorEnv if backend == "concurrent" else vector.RayVectorEnv
+    cls = vector.backend_class(backend, hosted="python" in env_kwargs)
     takes = accepted_kwargs(cls)
     if takes is not None:
-        own = {"num_envs", "adapter", "split", "max_turns", "step_timeout"}  # set by make_vec itself
+        own = {"num_envs", "adapter", "split", "max_turns", "step_timeout", "python"}  # set by make_vec itself
         check_kwargs(options, takes - own, f"vector_options of the {backend!r} backend")
     if autoreset_mode is not None:
         options["autoreset_mode"] = autoreset_mode

@@ -22,7 +22,7 @@ learning signal), and the summary adds mean@k and pass@k.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,8 @@ def run(
         records[i] = {"env_id": i, "task_id": info.get("task_id"), "split": info.get("split"),
                       "index": info.get("index"), "tools": info.get("tools"), "messages": list(first),
                       "rewards": [], "errors": []}
+        if "env" in info:  # a mixture names each sub-env's id
+            records[i]["env"] = info["env"]
         if groups is not None:
             records[i]["group"], records[i]["group_episode"] = int(info["group"]), int(info["group_episode"])
 
@@ -290,7 +292,7 @@ def run(
 
 
 def collect(
-    env_id: str,
+    env_id: str | Mapping[str, int],
     episodes: int,
     *,
     num_envs: int = 8,
@@ -308,7 +310,9 @@ def collect(
     """Collect ``episodes`` episodes of ``env_id`` over ``num_envs`` sub-envs and summarise them.
 
     Args:
-        env_id: a registered id.
+        env_id: a registered id, or a mixture: ``{id: sub-envs}`` (see
+            :func:`~openenv_gym.mixture.make_mixture`; ``num_envs`` is then their sum, and each
+            record's ``env`` names its id).
         episodes: how many episodes to finish (a multiple of ``group_size`` if given).
         num_envs: sub-envs run at once (capped at ``episodes``; with groups, rounded down to a
             multiple of ``group_size``).
@@ -324,6 +328,8 @@ def collect(
             group-normalised ``advantage`` (see :func:`run`).
         drop_equal: with groups, leave out groups whose rewards are all equal.
     """
+    if isinstance(env_id, Mapping):
+        num_envs = sum(env_id.values())
     num_envs = max(1, min(num_envs, episodes))
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
@@ -331,8 +337,15 @@ def collect(
         if episodes % group_size:
             raise ConfigurationError(f"episodes={episodes} is not a multiple of group_size={group_size}")
         num_envs = max(group_size, num_envs - num_envs % group_size)
-    envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
-                        vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
+    if isinstance(env_id, Mapping):
+        from openenv_gym.mixture import make_mixture
+
+        envs = make_mixture(env_id, backend=backend, autoreset_mode="SameStep", vector_options=vector_options,
+                            group_size=group_size, **(make_kwargs or {}))
+        env_id = "+".join(env_id)
+    else:
+        envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
+                            vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
     agent: Policy = RandomPolicy(seed=seed) if policy == "random" else policy  # type: ignore[assignment]
     sink = open(out, "wb") if out is not None else None
 

@@ -94,6 +94,12 @@ class ToolSpec(msgspec.Struct, omit_defaults=True):
             "function": {"name": self.name, "description": self.description, "parameters": params},
         }
 
+    @classmethod
+    def from_openai(cls, entry: dict[str, Any]) -> ToolSpec:
+        """The tool an OpenAI ``tools`` entry describes (the inverse of :meth:`to_openai`)."""
+        function = entry.get("function", entry)
+        return cls(function["name"], function.get("description") or "", function.get("parameters"))
+
 
 class Split(msgspec.Struct):
     """A task split: its name and its type (``train``, ``validation`` or ``test``)."""

@@ -213,6 +213,15 @@ class AdapterSpec(msgspec.Struct):
             what = getattr(target, "__name__", self.entry)
             check_kwargs(self.kwargs, accepted, what, also=also)
 
+    def accepted_here(self) -> frozenset[str] | None:
+        """The kwargs the target takes, or ``None`` if it takes any or cannot be imported in this
+        process (an adapter run in a host under another interpreter may need packages only that
+        interpreter has; the host checks its kwargs there)."""
+        try:
+            return accepted_kwargs(self.target())
+        except ImportError:
+            return None
+
     def build(self) -> Adapter:
         """A new, not yet started adapter (a front door's choice, for a front door)."""
         target = self.target()

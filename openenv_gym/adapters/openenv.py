@@ -223,7 +223,9 @@ class OpenEnvAdapter(Adapter):
         headers: HTTP headers for every request and handshake (an API key): redacted from
             ``env.spec``, never logged.
         env_name: the environment name for the task API (default: the server's first).
-        python: the interpreter that serves ``source`` (default: this one).
+        server_python: the interpreter that serves ``source`` (default: this one); only the
+            server runs under it. ``gym.make(id, python=...)`` runs the whole adapter in a host
+            process under another interpreter instead.
         listen: how a ``source`` server listens: ``"unix"`` (default; a socket in a private
             directory) or ``"tcp"`` (127.0.0.1 with a random token).
         max_concurrent_envs: ``MAX_CONCURRENT_ENVS`` for a launched ``source``; environments that
@@ -258,7 +260,7 @@ class OpenEnvAdapter(Adapter):
         source: str | os.PathLike | None = None,
         headers: dict[str, str] | None = None,
         env_name: str | None = None,
-        python: str | None = None,
+        server_python: str | None = None,
         listen: str = "unix",
         max_concurrent_envs: int | None = None,
         expected_sessions: int | None = None,
@@ -291,7 +293,7 @@ class OpenEnvAdapter(Adapter):
         self.url = url
         self.source = os.fspath(source) if source is not None else None
         self.env_name = env_name
-        self.python = python
+        self.python = server_python
         self.listen = listen
         self.max_concurrent_envs = max_concurrent_envs
         self.expected_sessions = expected_sessions

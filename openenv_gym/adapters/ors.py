@@ -100,7 +100,9 @@ class ORSAdapter(Adapter):
         env_class: the class to serve from ``source`` (required when it defines several).
         module_file: the file under ``source`` that defines ``env_class`` (found statically if not given).
         env_name: the environment on the server (default: the server's first; sent explicitly).
-        python: the interpreter that serves ``source`` (default: this one).
+        server_python: the interpreter that serves ``source`` (default: this one); only the
+            server runs under it. ``gym.make(id, python=...)`` runs the whole adapter in a host
+            process under another interpreter instead.
         listen: how a ``source`` server listens: ``"unix"`` (default), a Unix socket in a private
             0700 directory that only this user can reach; or ``"tcp"``, 127.0.0.1 on a free port,
             refusing any request without the server's random token (for clients that cannot use a
@@ -136,7 +138,7 @@ class ORSAdapter(Adapter):
         env_class: str | None = None,
         module_file: str | None = None,
         env_name: str | None = None,
-        python: str | None = None,
+        server_python: str | None = None,
         listen: str = "unix",
         secrets: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
@@ -164,7 +166,7 @@ class ORSAdapter(Adapter):
         self.env_class = env_class
         self.module_file = module_file
         self.env_name = env_name.lower() if env_name else None
-        self.python = python
+        self.python = server_python
         self.listen = listen
         self._secrets = dict(secrets or {})
         self._headers = dict(headers or {})

@@ -1,7 +1,8 @@
 """openenv_gym's vector envs: many sub-envs behind one Gymnasium ``VectorEnv``.
 
 ``gym.make_vec("openenv/X-v0", num_envs=64)`` returns a :class:`ConcurrentVectorEnv`;
-``backend="ray"`` hosts the sub-envs in Ray actors instead. Both share
+``backend="ray"`` hosts the sub-envs in Ray actors instead; with ``python=`` or ``isolate=True``
+the default backend runs them in adapter host processes (:class:`ProcessVectorEnv`). Both share
 :class:`~openenv_gym.vector.base.AgentVectorEnv`: Gymnasium's autoreset modes, EnvPool-style
 ``send``/``recv`` of the first ready sub-envs, and per-sub-env error isolation.
 """
@@ -16,7 +17,7 @@ from openenv_gym.vector.base import AgentVectorEnv, Batch
 from openenv_gym.vector.concurrent import ConcurrentVectorEnv
 from openenv_gym.vector.groups import check_group_size
 
-__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "BACKENDS"]
+__all__ = ["AgentVectorEnv", "Batch", "ConcurrentVectorEnv", "RayVectorEnv", "make", "backend_class", "BACKENDS"]
 
 BACKENDS = ("concurrent", "ray")
 
@@ -31,16 +32,29 @@ def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", gr
     ``envs_per_client`` or ``num_actors``).
     """
     check_group_size(num_envs, group_size)  # before any server or actor starts
-    if backend == "concurrent":
-        envs: AgentVectorEnv = ConcurrentVectorEnv(num_envs, adapter, **kwargs)
-    elif backend == "ray":
-        from openenv_gym.vector.ray import RayVectorEnv
-
-        envs = RayVectorEnv(num_envs, adapter, **kwargs)
-    else:
-        raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
+    if kwargs.get("python") is None:
+        kwargs.pop("python", None)
+    cls = backend_class(backend, hosted="python" in kwargs)
+    envs: AgentVectorEnv = cls(num_envs, adapter, **kwargs)
     envs.use_groups(group_size)
     return envs
+
+
+def backend_class(backend: str, hosted: bool = False) -> type[AgentVectorEnv]:
+    """The vector env class of ``backend``; ``hosted``: the adapter runs under another interpreter
+    (``python=``/``isolate=``), which the default backend does in host processes
+    (:class:`~openenv_gym.vector.processes.ProcessVectorEnv`) and Ray in its actors' hosts."""
+    if backend == "concurrent":
+        if hosted:
+            from openenv_gym.vector.processes import ProcessVectorEnv
+
+            return ProcessVectorEnv
+        return ConcurrentVectorEnv
+    if backend == "ray":
+        from openenv_gym.vector.ray import RayVectorEnv
+
+        return RayVectorEnv
+    raise ConfigurationError(f"unknown vector backend {backend!r}; use one of {BACKENDS}")
 
 
 def __getattr__(name: str) -> Any:

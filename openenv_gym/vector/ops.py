@@ -22,7 +22,7 @@ from openenv_gym.runtime import within
 from openenv_gym.session import EnvSession
 from openenv_gym.wire import Message, decode_with
 
-__all__ = ["Op", "Result", "run_op", "call_each", "encode_ops", "decode_ops", "encode_results", "decode_results"]
+__all__ = ["Op", "Result", "run_op", "error_dict", "failed", "call_each", "encode_ops", "decode_ops", "encode_results", "decode_results"]
 
 
 class Op(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -60,11 +60,17 @@ class Result(msgspec.Struct, array_like=True, omit_defaults=True):
     """Set when the backend failed; the sub-env was truncated and must be recreated."""
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    error = {"type": type(exc).__name__, "message": str(exc)}
+def error_dict(exc: BaseException, message: str | None = None) -> dict[str, Any]:
+    """``exc`` as a result's ``error`` entry: its type name and message (``message`` overrides)."""
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": message or str(exc)}
     if isinstance(exc, ConfigurationError):
         error["user"] = True  # the caller's mistake (a bad split or option): reset() raises it
     return error
+
+
+def failed(op: Op, error: dict[str, Any]) -> Result:
+    """The answer to ``op`` when it could not run: truncated, no observation, ``info["error"]``."""
+    return Result(op.env_id, op.req_id, [], 0.0, False, True, {"error": error}, error=error)
 
 
 async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrapped: Any = None) -> Result:
@@ -100,12 +106,12 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
                 obs, info = await within(reset(op.next_seed), timeout, "the sub-env's autoreset")
             except Exception as exc:  # the step happened; only the reset failed
                 return Result(op.env_id, op.req_id, [], reward, terminated, truncated,
-                              {**final, "error": _error(exc)}, error=_error(exc))
+                              {**final, "error": error_dict(exc)}, error=error_dict(exc))
             info = {**info, **final}
         return Result(op.env_id, op.req_id, obs, reward, terminated, truncated, info)
     except Exception as exc:  # the adapter's own timeouts keep their message (and its limit)
-        err = _error(exc)
-    return Result(op.env_id, op.req_id, [], 0.0, False, True, {"error": err}, error=err)
+        err = error_dict(exc)
+    return failed(op, err)
 
 
 _ops_decoder = msgspec.msgpack.Decoder(list[Op])

@@ -127,11 +127,13 @@ MAKE = {
     "single": f"env = gym.make('openenv/ORS-v0', source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
     "concurrent": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
     "ray": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, backend='ray', vector_options={{'num_actors': 1}}, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
+    "hosted": f"env = gym.make('openenv/ORS-v0', python=__import__('sys').executable, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
+    "hosted_vec": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, python=__import__('sys').executable, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
 }
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["single", "concurrent", "ray"])
+@pytest.mark.parametrize("kind", ["single", "concurrent", "ray", "hosted", "hosted_vec"])
 @pytest.mark.parametrize("ending", ["forget_close", "exception", "keyboard_interrupt"])
 def test_a_script_that_never_closes_exits_promptly_and_leaves_nothing(script, kind, ending):
     end = {"forget_close": "pass", "exception": "raise RuntimeError('boom')",
@@ -154,10 +156,11 @@ def test_a_script_that_never_closes_exits_promptly_and_leaves_nothing(script, ki
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_mid_rollout_ends_the_script_and_everything_it_started(script, sig):
+@pytest.mark.parametrize("where", ["", ", python=__import__('sys').executable"])
+def test_a_signal_mid_rollout_ends_the_script_and_everything_it_started(script, sig, where):
     s = script(f"""
         import json, gymnasium as gym, openenv_gym
-        envs = gym.make_vec('openenv/ORS-v0', num_envs=4, source={PROBE['source']!r}, env_class='Probe')
+        envs = gym.make_vec('openenv/ORS-v0', num_envs=4, source={PROBE['source']!r}, env_class='Probe'{where})
         envs.reset(seed=0)
         slow = {{'role': 'assistant', 'tool_calls': [{{'id': 'c', 'function': {{'name': 'slow', 'arguments': json.dumps({{'seconds': 30}})}}}}]}}
         print('stepping', flush=True)

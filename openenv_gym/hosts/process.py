@@ -1,0 +1,261 @@
+"""HostProcess: an adapter host (:mod:`openenv_gym.hosts.server`) under another interpreter.
+
+The driver's side of the host process: it starts ``python -m openenv_gym.hosts.server`` with one
+end of a ``socketpair`` (so nothing else on the machine can reach the host), builds the shard's
+:class:`~openenv_gym.hosts.shard.EnvHost` there with an ``init`` frame, then sends requests and
+matches answers by id. :class:`ProcessHandle` is the :class:`~openenv_gym.hosts.handle.Handle`
+a vector env's driver holds for it.
+
+The host gets its own session (a terminal's Ctrl-C is the trainer's to handle) and dies with the
+driver (``PR_SET_PDEATHSIG``, and end of stream on its socket). If it dies or its stream breaks,
+every request waiting on it fails at once with :class:`~openenv_gym.errors.HostDied`, with the
+end of the host's stderr in the message: never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from openenv_gym.errors import ConfigurationError, HostDied, OpenEnvGymError, from_wire
+from openenv_gym.hosts.handle import Handle
+from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
+from openenv_gym.hosts.shard import decode_tools
+from openenv_gym.vector.ops import Op, Result, decode_results, encode_ops
+from openenv_gym.wire import ToolSpec
+
+__all__ = ["HostProcess", "ProcessHandle", "START_TIMEOUT"]
+
+START_TIMEOUT = 120.0
+"""Seconds a host process may take to import openenv_gym and answer ``init`` (its adapters'
+start, which may launch servers, is a separate request with its own bound)."""
+_STDERR_TAIL = 2000
+_msgpack = msgspec.msgpack.Encoder()
+_decode_info = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+class HostProcess:
+    """One host process and the requests in flight to it. Use on the runtime loop only."""
+
+    def __init__(self, python: str, init: dict[str, Any]):
+        self.python = python
+        self._init = init
+        self.process: subprocess.Popen[bytes] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._waiting: dict[int, asyncio.Future[bytes]] = {}
+        self._streams: dict[int, Callable[[bytes], None]] = {}
+        self._next_id = 0
+        self._stderr: Any = None
+        self.gone: str | None = None
+        """Why the host is gone (``None`` while it runs)."""
+        self.info: dict[str, Any] = {}
+        """What the host said at ``init``: its protocol, openenv_gym version and Python."""
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    # -- start -----------------------------------------------------------------------------------
+    async def open(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the process and build its host; :class:`ConfigurationError` if the interpreter
+        cannot run one (openenv_gym missing there, another version), :class:`HostDied` if it dies."""
+        if not os.path.exists(self.python):
+            raise ConfigurationError(f"python={self.python!r}: no such interpreter")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._stderr = tempfile.TemporaryFile()  # unlinked: only this process and the host see it
+        try:
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            self.process = subprocess.Popen(
+                [self.python, "-m", "openenv_gym.hosts.server", "--fd", str(theirs.fileno()),
+                 "--parent-pid", str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._stderr,
+                stderr=self._stderr, env=env, start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
+        self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+        init = {**self._init, "protocol": PROTOCOL}
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await self.request("init", pickle.dumps(init))
+        except TimeoutError:
+            self.kill()
+            raise HostDied(f"the host process under {self.python} did not answer within {timeout} s") from None
+        except HostDied as exc:
+            raise ConfigurationError(
+                f"python={self.python!r} cannot run the openenv_gym host (is openenv-gym installed in "
+                f"that environment? isolate=True builds one that has it): {exc}") from None
+        except OpenEnvGymError as exc:  # the host refused (another protocol version)
+            self.kill()
+            raise ConfigurationError(f"python={self.python!r}: {exc}") from None
+        self.info = _decode_info.decode(reply)
+
+    def stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        try:
+            size = self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, size - _STDERR_TAIL))
+            return self._stderr.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    # -- requests --------------------------------------------------------------------------------
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        why = "its stream ended"
+        try:
+            while (frame := await read_frame(reader)) is not None:
+                if frame.kind == "results":
+                    stream = self._streams.get(frame.id)
+                    if stream is not None:
+                        stream(frame.body)
+                    continue
+                future = self._waiting.pop(frame.id, None)
+                if future is None or future.done():
+                    continue
+                if frame.kind == "error":
+                    future.set_exception(from_wire(frame.error or {}))
+                else:
+                    future.set_result(frame.body)
+        except (ValueError, ConnectionError) as exc:
+            why = str(exc)
+        except asyncio.CancelledError:
+            why = "the driver closed it"
+        self._lost(why)
+
+    def _lost(self, why: str) -> None:
+        if self.gone is not None:
+            return
+        code = None if self.process is None else self.process.poll()
+        if code is not None:
+            why = f"it exited with code {code}"
+        tail = self.stderr_tail()
+        self.gone = f"the host process (pid {self.pid}) is gone: {why}" + (f"; its output ends with:\n{tail}" if tail else "")
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(HostDied(self.gone))
+        self._streams.clear()
+
+    async def request(self, method: str, body: bytes = b"", stream: Callable[[bytes], None] | None = None) -> bytes:
+        """Send one request and wait for its answer; ``stream`` gets each ``results`` frame."""
+        if self.gone is not None:
+            raise HostDied(self.gone)
+        assert self._writer is not None
+        self._next_id += 1
+        call_id = self._next_id
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = future
+        if stream is not None:
+            self._streams[call_id] = stream
+        try:
+            write_frame(self._writer, Frame(call_id, method, body))
+            return await future
+        finally:
+            self._waiting.pop(call_id, None)
+            self._streams.pop(call_id, None)
+
+    def notify(self, method: str, body: bytes = b"") -> None:
+        """Send a request whose answer nobody waits for."""
+        if self.gone is None and self._writer is not None:
+            write_frame(self._writer, Frame(0, method, body))
+
+    # -- end -------------------------------------------------------------------------------------
+    async def close(self, timeout: float) -> None:
+        """Ask the host to close its env, then end it; kill it past ``timeout``. Never raises."""
+        with contextlib.suppress(BaseException):
+            if self.gone is None and self.process is not None:
+                async with asyncio.timeout(timeout):
+                    await self.request("close")
+        with contextlib.suppress(BaseException):
+            self.notify("bye")
+            if self._writer is not None:
+                self._writer.close()
+        await self._reap(timeout=5.0)
+
+    async def _reap(self, timeout: float) -> None:
+        process = self.process
+        if process is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while process.poll() is None and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            if process.poll() is None:
+                self.kill()
+                while process.poll() is None:
+                    await asyncio.sleep(0.01)
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader_task
+        self._lost("it was closed")
+        if self._stderr is not None:
+            with contextlib.suppress(Exception):
+                self._stderr.close()
+            self._stderr = None
+
+    def kill(self) -> None:
+        """SIGKILL the host's whole process group (its servers too); never raises."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, 9)  # start_new_session: the group is the host and its children
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+
+
+class ProcessHandle(Handle):
+    """A shard of sub-envs in a :class:`HostProcess` (results streamed as they finish)."""
+
+    label = "host process"
+
+    def __init__(self, python: str, init: dict[str, Any]):
+        self.process = HostProcess(python, init)
+
+    async def start(self) -> list[ToolSpec]:
+        if self.process.process is None:
+            await self.process.open()
+        return decode_tools(await self.process.request("start"))
+
+    async def run(self, ops: list[Op], deliver: Callable[[Result], None]) -> None:
+        def stream(body: bytes) -> None:
+            for result in decode_results(body):
+                deliver(result)
+
+        await self.process.request("run", encode_ops(ops), stream)
+
+    def cancel(self, requests: list[tuple[int, int]]) -> None:
+        self.process.notify("cancel", _msgpack.encode(requests))
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        return pickle.loads(await self.process.request("call", pickle.dumps((name, args, kwargs))))
+
+    async def set_attr(self, name: str, values: list[Any]) -> None:
+        await self.process.request("set_attr", pickle.dumps((name, values)))
+
+    async def pid(self) -> int:
+        pid = self.process.pid
+        if pid is None or self.process.gone is not None:
+            raise HostDied(self.process.gone or "the host process is not running")
+        return pid
+
+    async def close(self, timeout: float) -> None:
+        await self.process.close(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()

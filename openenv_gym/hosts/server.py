@@ -1,0 +1,177 @@
+"""The adapter host process: ``python -m openenv_gym.hosts.server --fd N --parent-pid P``.
+
+Started by :class:`~openenv_gym.hosts.process.HostProcess` under the interpreter the env needs
+(``python=``, or the venv ``isolate=True`` built). It serves one
+:class:`~openenv_gym.hosts.shard.EnvHost` over the inherited socket ``N``
+(:mod:`openenv_gym.hosts.protocol`): an ``init`` frame builds it, then each frame calls one of its
+methods, concurrently. A ``run``'s results go back as they finish, gathered per loop iteration,
+so the driver sees the first-ready order across processes.
+
+It ends when the driver says ``bye``, when the socket closes (the driver exited or closed it), or
+when the driver dies (``PR_SET_PDEATHSIG``); each way its env's episodes and servers are closed
+first, within a bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import signal
+import socket
+import sys
+
+import msgspec
+
+from openenv_gym.adapters.ors_serve import die_with_parent
+from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
+from openenv_gym.hosts.shard import EnvHost, encodable
+from openenv_gym.vector.ops import Result, decode_ops, encode_results, error_dict
+
+_CLOSE_TIMEOUT = 30.0
+_msgpack = msgspec.msgpack.Encoder()
+_requests = msgspec.msgpack.Decoder(list[tuple[int, int]])
+
+
+class _Server:
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.host: EnvHost | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.pending: dict[int, list[Result]] = {}  # run id -> results not yet sent
+        self.flush_scheduled = False
+        self.done = asyncio.Event()
+
+    # -- results, gathered per loop iteration ----------------------------------------------------
+    def emit(self, call_id: int, result: Result) -> None:
+        self.pending.setdefault(call_id, []).append(result)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self, only: int | None = None) -> None:
+        if only is None:
+            self.flush_scheduled = False
+        ids = [only] if only is not None else list(self.pending)
+        for call_id in ids:
+            results = self.pending.pop(call_id, None)
+            if not results:
+                continue
+            try:
+                body = encode_results(results)
+            except (TypeError, ValueError, msgspec.EncodeError):
+                body = encode_results([encodable(r) for r in results])
+            write_frame(self.writer, Frame(call_id, "results", body))
+
+    # -- requests --------------------------------------------------------------------------------
+    def dispatch(self, frame: Frame) -> None:
+        if frame.kind == "bye":
+            self.done.set()
+            return
+        task = asyncio.get_running_loop().create_task(self.answer(frame))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def answer(self, frame: Frame) -> None:
+        try:
+            body = await self.perform(frame)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the host's code failed: the driver raises it, typed
+            if frame.id:
+                write_frame(self.writer, Frame(frame.id, "error", error=error_dict(exc)))
+            return
+        if frame.id:
+            write_frame(self.writer, Frame(frame.id, "reply", body))
+        try:
+            await self.writer.drain()
+        except ConnectionError:
+            self.done.set()
+
+    async def perform(self, frame: Frame) -> bytes:
+        kind = frame.kind
+        if kind == "init":
+            init = pickle.loads(frame.body)
+            if init.pop("protocol", None) != PROTOCOL:
+                raise RuntimeError(f"the driver speaks another host protocol than this host ({PROTOCOL}); "
+                                   "the interpreter has another version of openenv_gym installed")
+            self.host = EnvHost(**init)
+            from openenv_gym import __version__
+
+            return _msgpack.encode({"protocol": PROTOCOL, "version": __version__, "python": sys.version})
+        host = self.host
+        if host is None:
+            raise RuntimeError(f"{kind!r} before init")
+        if kind == "run":
+            await host.submit(decode_ops(frame.body), lambda r, i=frame.id: self.emit(i, r))
+            self.flush(frame.id)  # every result goes before the reply that ends the run
+            return b""
+        if kind == "start":
+            return await host.start()
+        if kind == "cancel":
+            await host.cancel([tuple(r) for r in _requests.decode(frame.body)])
+            return b""
+        if kind == "call":
+            name, args, kwargs = pickle.loads(frame.body)
+            return pickle.dumps(await host.call(name, args, kwargs))
+        if kind == "set_attr":
+            name, values = pickle.loads(frame.body)
+            await host.set_attr(name, values)
+            return b""
+        if kind == "pid":
+            return _msgpack.encode(await host.pid())
+        if kind == "close":
+            await host.close()
+            return b""
+        raise RuntimeError(f"unknown host method {kind!r}")
+
+    async def shutdown(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.host is not None:
+            try:
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await self.host.close()
+            except BaseException:
+                pass
+
+
+async def serve(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
+    server = _Server(writer)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server.done.set)
+
+    async def pump() -> None:
+        try:
+            while (frame := await read_frame(reader)) is not None:
+                server.dispatch(frame)
+        except (ValueError, ConnectionError):
+            pass
+        server.done.set()
+
+    reading = loop.create_task(pump())
+    await server.done.wait()
+    reading.cancel()
+    await server.shutdown()
+    try:
+        writer.close()
+    except Exception:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    # The terminal's Ctrl-C is the trainer's to handle (this process has its own session anyway).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(serve(args.fd))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Mixtures: one vector env whose sub-envs belong to different environment ids.
+
+``make_mixture({"openenv/A-v0": 32, "openenv/B-v0": 32})`` gives a trainer one Gymnasium vector
+env over a weighted mixture of environments: each id's sub-envs are built exactly as
+``gym.make_vec(id, n)`` builds them (their own adapters, servers, hosts, venvs: an id imported
+``--isolated`` runs in its own venv, and ``isolate=True`` may be passed per id), and the mixture
+drives them all through one :class:`~openenv_gym.vector.base.AgentVectorEnv`: one ``send``/``recv``
+with first-ready results across every id, one autoreset mode, groups, ``rollout.run``.
+
+Sub-envs are numbered in the order of the mapping: the first id's ``n`` sub-envs come first.
+Each keeps its own tools: ``infos["tools"]`` at reset, ``single_action_spaces[i]``, and
+``infos["env"]`` names the id of every result. ``single_action_space`` offers the union of the
+tools (what a sampled batch action may call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import msgspec
+from gymnasium.vector import AutoresetMode
+
+from openenv_gym import runtime
+from openenv_gym.errors import ConfigurationError
+from openenv_gym.redact import RedactedSpec
+from openenv_gym.session import STEP_TIMEOUT
+from openenv_gym.spaces import AssistantAction
+from openenv_gym.vector import AgentVectorEnv
+from openenv_gym.vector.groups import check_group_size
+from openenv_gym.vector.ops import Op, Result
+
+__all__ = ["MixtureVectorEnv", "make_mixture"]
+
+
+class _Part:
+    """One id's block of sub-envs: its vector env (used as a backend only) and its first index."""
+
+    __slots__ = ("name", "envs", "offset", "size")
+
+    def __init__(self, name: str, envs: AgentVectorEnv, offset: int):
+        self.name, self.envs, self.offset, self.size = name, envs, offset, envs.num_envs
+
+
+class MixtureVectorEnv(RedactedSpec, AgentVectorEnv):
+    """Sub-envs of several ids behind one vector env (see :func:`make_mixture`).
+
+    Each part is a vector env of one id, used only for its backend: the mixture sends it ops
+    renumbered to its own sub-envs and takes back its results, renumbered and tagged with
+    ``info["env"]``; request ids, phases, autoreset, groups and first-ready order are the
+    mixture's own.
+    """
+
+    def __init__(self, parts: list[tuple[str, AgentVectorEnv]], *, autoreset_mode: AutoresetMode | str,
+                 step_timeout: float | None):
+        self._parts: list[_Part] = []
+        offset = 0
+        for name, envs in parts:
+            part = _Part(name, envs, offset)
+            # The part's results come to the mixture; the part's own bookkeeping stays unused.
+            envs._deliver = functools.partial(self._from_part, part)  # type: ignore[method-assign]
+            runtime.untrack(envs)  # closed by the mixture, never on its own
+            self._parts.append(part)
+            offset += part.size
+        self._owner = [p for p in self._parts for _ in range(p.size)]
+        self.env_names: tuple[str, ...] = tuple(p.name for p in self._owner)
+        """The id of each sub-env."""
+        self.single_action_spaces: tuple[AssistantAction, ...] = tuple(
+            p.envs.single_action_space for p in self._owner)  # type: ignore[misc]
+        """Each sub-env's own action space (its id's tools)."""
+        tools: dict[str, Any] = {}
+        for part in self._parts:
+            for tool in part.envs.single_action_space.tools:  # type: ignore[attr-defined]
+                tools.setdefault(tool.name, tool)
+        super().__init__(offset, list(tools.values()), autoreset_mode=autoreset_mode, step_timeout=step_timeout)
+        self._any_action = any(p.envs._any_action for p in self._parts)
+
+    @property
+    def parts(self) -> dict[str, AgentVectorEnv]:
+        """Each id's vector env (its backend: actors, host processes...)."""
+        return {p.name: p.envs for p in self._parts}
+
+    def _from_part(self, part: _Part, result: Result) -> None:
+        result.env_id += part.offset
+        result.info["env"] = part.name
+        self._deliver(result)
+
+    def _split(self, env_ids: Iterable[int]) -> dict[int, list[int]]:
+        by_part: dict[int, list[int]] = {}
+        for i in env_ids:
+            part = self._owner[i]
+            by_part.setdefault(id(part), []).append(i - part.offset)
+        return by_part
+
+    def _part(self, key: int) -> _Part:
+        return next(p for p in self._parts if id(p) == key)
+
+    # -- the backend: each part's own -------------------------------------------------------------
+    async def _execute(self, ops: list[Op]) -> None:
+        by_part: dict[int, list[Op]] = {}
+        for op in ops:
+            part = self._owner[op.env_id]
+            by_part.setdefault(id(part), []).append(msgspec.structs.replace(op, env_id=op.env_id - part.offset))
+        for key, part_ops in by_part.items():
+            await self._part(key).envs._execute(part_ops)
+
+    async def _cancel(self, env_ids: Iterable[int]) -> None:
+        for key, local in self._split(env_ids).items():
+            await self._part(key).envs._cancel(local)
+
+    async def _call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        values: list[Any] = []
+        for part in self._parts:
+            values.extend(await part.envs._call(name, args, kwargs))
+        return values
+
+    async def _set_attr(self, name: str, values: list[Any]) -> None:
+        for part in self._parts:
+            await part.envs._set_attr(name, values[part.offset:part.offset + part.size])
+
+    async def _aclose_backend(self) -> None:
+        await asyncio.gather(*(p.envs._aclose_backend() for p in self._parts), return_exceptions=True)
+        for part in self._parts:
+            part.envs.closed = True  # its backend is closed; nothing is left for its own close()
+
+    def _release(self) -> None:
+        for part in self._parts:
+            part.envs._release()
+
+
+def make_mixture(
+    weights: Mapping[str, int],
+    *,
+    backend: str = "concurrent",
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    step_timeout: float | None = STEP_TIMEOUT,
+    group_size: int | None = None,
+    vector_options: dict[str, Any] | None = None,
+    env_kwargs: Mapping[str, dict[str, Any]] | None = None,
+    **common: Any,
+) -> MixtureVectorEnv:
+    """One vector env over ``weights[id]`` sub-envs of each id.
+
+    Args:
+        weights: registered id -> how many sub-envs (in this order).
+        backend, autoreset_mode, step_timeout, vector_options: as for ``gym.make_vec``, for every id.
+        group_size: groups of that many consecutive sub-envs share tasks; each id's count must be
+            a multiple of it, so no group spans two ids.
+        env_kwargs: per-id ``gym.make_vec`` kwargs (``split``, ``max_turns``, ``isolate=True``,
+            ``python=``, ``env_wrappers``...), on top of ``common`` (kwargs for every id).
+
+    Every id is checked (registered, counts positive) before anything starts; if one part fails
+    to start, the parts already started are closed.
+    """
+    if not weights:
+        raise ConfigurationError("make_mixture needs at least one id")
+    per_id = dict(env_kwargs or {})
+    unknown = set(per_id) - set(weights)
+    if unknown:
+        raise ConfigurationError(f"env_kwargs name ids that are not in the mixture: {sorted(unknown)}")
+    for name, n in weights.items():
+        if name not in gym.registry:
+            raise ConfigurationError(f"{name!r} is not a registered id")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigurationError(f"the mixture's count for {name!r} must be a positive integer, not {n!r}")
+        if group_size is not None and n % group_size:
+            raise ConfigurationError(f"{name!r} has {n} sub-envs, not a multiple of group_size={group_size} "
+                                     "(a group must not span two ids)")
+    check_group_size(sum(weights.values()), group_size)
+    autoreset_mode = AutoresetMode(autoreset_mode)
+    parts: list[tuple[str, AgentVectorEnv]] = []
+    try:
+        for name, n in weights.items():
+            kwargs = {**common, **per_id.get(name, {})}
+            envs = gym.make_vec(name, num_envs=n, backend=backend, vector_options=vector_options,
+                                autoreset_mode=autoreset_mode, step_timeout=step_timeout, **kwargs)
+            parts.append((name, envs.unwrapped))  # type: ignore[arg-type]
+        mixture = MixtureVectorEnv(parts, autoreset_mode=autoreset_mode, step_timeout=step_timeout)
+    except BaseException:
+        for _, envs in parts:
+            try:
+                envs.close()
+            except Exception:
+                pass
+        raise
+    mixture.use_groups(group_size)
+    return mixture
