@@ -1,6 +1,7 @@
 """The ``openenv-gym`` command: import sources, list and inspect ids, collect rollouts.
 
-    openenv-gym import SOURCE --name NAME [--kind ors|fleet|verifiers] [--env-class CLS]
+    openenv-gym import SOURCE --name NAME [--kind ors|fleet|verifiers] [--env-class CLS] [--isolated [--python 3.12] [--no-build]]
+    openenv-gym install git+https://HOST/REPO[@REV][#subdirectory=PATH] | FOLDER | NAME==VERSION --name NAME [--yes]
     openenv-gym list
     openenv-gym info ID
     openenv-gym remove NAME | --invalid
@@ -36,11 +37,39 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from openenv_gym.importers import import_source
     from openenv_gym.registration import env_id
 
-    entry = import_source(args.source, args.name, kind=args.kind, env_class=args.env_class)
+    if args.isolated and not args.no_build:
+        print("building its venv with uv (once per set of requirements; minutes the first time) ...", file=sys.stderr)
+    entry = import_source(args.source, args.name, kind=args.kind, env_class=args.env_class,
+                          isolated=args.isolated, python=args.python, build=not args.no_build)
     what = entry.env_class or f"task set of {entry.env_name}"
-    print(f"imported {entry.kind} environment {what} from {entry.source}")
+    print(f"imported {entry.kind} environment {what} from {entry.origin or entry.source}")
+    if entry.isolated is not None:
+        _print_isolation(entry)
     print(f'registered {env_id(entry.name)}: gym.make("{env_id(entry.name)}") after `import openenv_gym`')
     return 0
+
+
+def _cmd_install(args: argparse.Namespace) -> int:
+    from openenv_gym.isolation.install import install
+    from openenv_gym.registration import env_id
+
+    entry = install(args.source, args.name, yes=args.yes, kind=args.kind, env_class=args.env_class,
+                    python=args.python, build=not args.no_build)
+    print(f"installed {entry.kind} environment {entry.env_class or entry.env_name} from {entry.origin}"
+          + (f" at commit {entry.commit}" if entry.commit else ""))
+    _print_isolation(entry)
+    print(f'registered {env_id(entry.name)}: gym.make("{env_id(entry.name)}") after `import openenv_gym`')
+    return 0
+
+
+def _print_isolation(entry: Any) -> None:
+    """What an isolated import recorded: the snapshot, what it left out, the venv and its requirements."""
+    iso = entry.isolated
+    print(f"snapshot: {entry.source}")
+    if iso.excluded:
+        print(f"left out of the snapshot: {', '.join(iso.excluded)}")
+    print(f"requirements: {', '.join(iso.requirements)}")
+    print(f"venv: {iso.venv or '(built at the first gym.make)'}")
 
 
 def _where(kwargs: dict[str, Any]) -> str:
@@ -178,7 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="registers openenv/NAME-v0 (ASCII letters, digits, _ - .)")
     p.add_argument("--kind", default=None, help=f"the source's kind, one of: {_kinds()} (detected if omitted)")
     p.add_argument("--env-class", default=None, help="the Environment class, when the source has several")
+    p.add_argument("--isolated", action="store_true",
+                   help="snapshot the source and build its own venv (uv): it plays in a host process under it")
+    p.add_argument("--python", default=None, help="with --isolated: the venv's Python version, e.g. 3.12")
+    p.add_argument("--no-build", action="store_true",
+                   help="with --isolated: record the venv's requirements, build it at the first gym.make")
     p.set_defaults(fn=_cmd_import)
+
+    p = command("install", "fetch a source (git URL, folder or requirement), show it, ask, then import it isolated")
+    p.add_argument("source", help="git+https://HOST/REPO[@REV][#subdirectory=PATH], git+file://..., a folder, "
+                                  "or a requirement such as name==1.2")
+    p.add_argument("--name", required=True, help="registers openenv/NAME-v0 (ASCII letters, digits, _ - .)")
+    p.add_argument("--yes", action="store_true", help="consent in advance (scripts); without it, a terminal is asked")
+    p.add_argument("--kind", default=None, help=f"the source's kind, one of: {_kinds()} (detected if omitted)")
+    p.add_argument("--env-class", default=None, help="the Environment class, when the source has several")
+    p.add_argument("--python", default=None, help="the venv's Python version, e.g. 3.12")
+    p.add_argument("--no-build", action="store_true", help="record the venv's requirements, build it at the first gym.make")
+    p.set_defaults(fn=_cmd_install)
 
     p = command("list", "list the registered openenv ids and what each plays")
     p.set_defaults(fn=_cmd_list)

@@ -85,7 +85,9 @@ ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
 HOST_KWARGS = ("python", "isolate")
 """Kwargs that run the adapter in a host process under another interpreter (:mod:`openenv_gym.hosts`):
 ``python=PATH``, or ``isolate=True`` (or a Python version such as ``"3.12"``) for the env's own
-venv, built by :mod:`openenv_gym.isolation.venvs` from its source's requirements."""
+venv, built by :mod:`openenv_gym.isolation.venvs` from its source's requirements. An isolated
+catalog entry registers ``isolate=``; a ``python=`` given to ``gym.make`` wins over it, and
+``isolate=False`` plays it in this process."""
 
 VECTOR_KWARGS = ("backend", "vector_options", "autoreset_mode", "max_episode_steps", "group_size", "env_wrappers")
 """Kwargs :func:`make_vec` takes besides :data:`ENV_KWARGS` and the adapter's."""
@@ -153,9 +155,7 @@ def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> 
     """The interpreter a host process runs the adapter under (``None``: in this process)."""
     from openenv_gym.hosts.interpreter import Interpreter
 
-    if python is not None and isolate not in (None, False):
-        raise ConfigurationError("give python= (an interpreter) or isolate= (build the env's venv), not both")
-    if python is not None:
+    if python is not None:  # an interpreter named by the caller wins over the id's own isolate=
         if not isinstance(python, (str, Path)) or not str(python):
             raise ConfigurationError(f"python= must be the path of an interpreter, not {type(python).__name__}")
         return Interpreter(path=str(python))
@@ -311,7 +311,8 @@ def register_catalog() -> list[str]:
             invalid[entry.name] = "its options may not set 'adapter' (the kind chooses it)"
             continue
         try:
-            _register(env_id(entry.name), {**_catalog_kwargs(entry), **entry.options, "adapter": adapter})
+            _register(env_id(entry.name), {**_catalog_kwargs(entry), **_isolation_kwargs(entry), **entry.options,
+                                           "adapter": adapter})
         except Exception as exc:  # e.g. an unversioned id of the same name registered by someone else
             invalid[entry.name] = f"cannot be registered: {exc}"
             continue
@@ -345,6 +346,13 @@ def _catalog_kwargs(entry: Any) -> dict[str, Any]:
         if getattr(entry, key, None):
             kwargs[key] = getattr(entry, key)
     return kwargs
+
+
+def _isolation_kwargs(entry: Any) -> dict[str, Any]:
+    """An isolated entry plays in its own venv: ``isolate=`` its Python version, or True."""
+    if entry.isolated is None:
+        return {}
+    return {"isolate": entry.isolated.python or True}
 
 
 def _register_discovered(what: str, discover: Callable[[], list[dict[str, Any]]],

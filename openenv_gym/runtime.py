@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import concurrent.futures
 import os
 import random
@@ -118,8 +119,28 @@ def _close_at_exit() -> None:
     with _lock:
         loop, thread = _loop, _thread
     if loop is not None and thread is not None and thread.is_alive() and _pid == os.getpid():
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(1.0)
+        grace = max(0.1, min(1.0, _exit_deadline - time.monotonic()))
+
+        async def wind_down() -> None:
+            # What is still running (an interrupted call still unwinding) is cancelled and given a
+            # moment, as asyncio.run does, before the loop stops under it.
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=grace)
+            loop.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(wind_down(), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        thread.join(grace + 0.5)
+        # A task that outlived the grace would print "Task was destroyed but it is pending!" when
+        # the interpreter collects it: at exit that is noise, not news.
+        with contextlib.suppress(RuntimeError):  # the set changed while we read it: give up quietly
+            for task in asyncio.all_tasks(loop):
+                task._log_destroy_pending = False
 
 
 def close_later(coro: Coroutine[Any, Any, Any]) -> None:

@@ -76,6 +76,19 @@ def _checked_options(options: Any) -> dict[str, Any]:
     return options
 
 
+def check_steppable(started: bool, done: bool, interrupted: bool) -> None:
+    """Raise the error for a step that cannot happen now: one wording for every kind of session."""
+    if not started:
+        raise EpisodeNotStarted("call reset() before step()")
+    if done:
+        raise EpisodeFinished("the episode has ended; call reset() to start a new one")
+    if interrupted:
+        raise EpisodeInterrupted(
+            "the last step was interrupted before it finished, so its tool calls may or may not "
+            "have run; call reset() to start a new episode"
+        )
+
+
 class EnvSession:
     """The episode state of one env: its rng, its running episode, its turn count.
 
@@ -145,15 +158,7 @@ class EnvSession:
 
     def check_steppable(self) -> None:
         """Raise the Gymnasium-style error for a step that cannot happen now."""
-        if self.episode is None:
-            raise EpisodeNotStarted("call reset() before step()")
-        if self.done:
-            raise EpisodeFinished("the episode has ended; call reset() to start a new one")
-        if self.interrupted:
-            raise EpisodeInterrupted(
-                "the last step was interrupted before it finished, so its tool calls may or may not "
-                "have run; call reset() to start a new episode"
-            )
+        check_steppable(self.episode is not None, self.done, self.interrupted)
 
     async def step(self, action: Any) -> StepResult:
         """Apply one assistant message; returns (new messages, reward, terminated, truncated, info).

@@ -24,8 +24,9 @@ from gymnasium.utils import seeding
 
 from openenv_gym.actions import parse_action
 from openenv_gym.adapters.base import AdapterSpec
-from openenv_gym.errors import EpisodeFinished, EpisodeInterrupted, EpisodeNotStarted, HostDied, from_wire
+from openenv_gym.errors import EpisodeInterrupted, HostDied, from_wire
 from openenv_gym.hosts.process import ProcessHandle
+from openenv_gym.session import check_steppable
 from openenv_gym.vector.ops import Op, Result
 from openenv_gym.wire import Message, Split, ToolSpec
 
@@ -140,17 +141,9 @@ class HostedSession:
         return list(result.obs), result.info
 
     def check_steppable(self) -> None:
-        if not self.started:
-            raise EpisodeNotStarted("call reset() before step()")
-        if self.lost is not None:
+        if self.started and self.lost is not None:
             raise EpisodeInterrupted(f"the episode was lost with its host process; call reset() ({self.lost[:200]})")
-        if self.done:
-            raise EpisodeFinished("the episode has ended; call reset() to start a new one")
-        if self.interrupted:
-            raise EpisodeInterrupted(
-                "the last step was interrupted before it finished, so its tool calls may or may not "
-                "have run; call reset() to start a new episode"
-            )
+        check_steppable(self.started, self.done, self.interrupted)
 
     async def step(self, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         self.check_steppable()

@@ -43,6 +43,7 @@ __all__ = [
     "CATALOG_VERSION",
     "CatalogContents",
     "CatalogEntry",
+    "Isolation",
     "MAX_DEPTH",
     "REMOVE_HINT",
     "describe_invalid",
@@ -64,11 +65,27 @@ MAX_DEPTH = 32
 ``gym.make`` kwargs, and deeper values break JSON encoders, ``copy.deepcopy`` and the decoder."""
 
 
+class Isolation(msgspec.Struct, omit_defaults=True):
+    """How an isolated import runs: in the venv built from ``requirements`` (under ``python``).
+
+    ``venv`` is where it was built at import (``None`` if the build was left for the first
+    ``gym.make``); ``excluded`` lists what the snapshot left out (paths, never contents).
+    """
+
+    requirements: list[str] = []
+    python: str | None = None
+    venv: str | None = None
+    excluded: list[str] = []
+
+
 class CatalogEntry(msgspec.Struct, omit_defaults=True):
     """One imported source, enough to build its Gymnasium spec without re-detecting.
 
     ``source`` is absolute; ``module_file`` is relative to the source root (the folder, or the
-    file's directory). ``options`` are extra kwargs later passed to ``gym.make``.
+    file's directory). ``options`` are extra kwargs later passed to ``gym.make``. An isolated
+    import plays a snapshot (``source`` is then the copy in the data dir) in its own venv
+    (``isolated``); ``origin`` is where it was imported or installed from (a path, or a URL
+    without credentials) and ``commit`` the pinned commit of a git install.
     """
 
     name: str
@@ -80,6 +97,9 @@ class CatalogEntry(msgspec.Struct, omit_defaults=True):
     sdk: str | None = None
     added_at: str = ""
     options: dict[str, Any] = {}
+    isolated: Isolation | None = None
+    origin: str | None = None
+    commit: str | None = None
 
 
 class _RawFile(msgspec.Struct):

@@ -211,6 +211,26 @@ def _acquire_ray(address: str | None) -> bool:
         return True
 
 
+def _check_resources(options: dict[str, Any]) -> None:
+    """Refuse at once custom resources no node of the cluster offers (Ray would wait for them forever).
+
+    An actor asking for ``resources={"gpu_box": 1}`` is placed only on a node started with that
+    resource (``ray start --resources='{"gpu_box": 4}'``); a name no node has is almost always a
+    typo, and Ray leaves such an actor pending without an error.
+    """
+    wanted = options.get("resources") or {}
+    if not isinstance(wanted, dict):
+        raise ConfigurationError("actor_options['resources'] must be a dict of resource name -> amount")
+    have = ray.cluster_resources()
+    missing = {name: amount for name, amount in wanted.items() if have.get(name, 0) < amount}
+    if missing:
+        offered = sorted(k for k in have if not k.startswith("node:") and k not in ("memory", "object_store_memory"))
+        raise ConfigurationError(
+            f"no node of the Ray cluster offers {missing} (the cluster's resources: {', '.join(offered)}); "
+            "a node offers a custom resource when started with `ray start --resources='{\"NAME\": N}'`"
+        )
+
+
 def _release_ray() -> None:
     global _ray_users
     with _ray_lock:
@@ -284,6 +304,7 @@ class RayVectorEnv(RedactedSpec, HostedVectorEnv):
                 num_actors = max(1, int(ray.cluster_resources().get("CPU", 1)))
             self._shards = default_shards(num_envs, num_actors)
             self._options = {"num_cpus": 0, **(actor_options or {})}
+            _check_resources(self._options)
             if runtime_env is not None:
                 self._options["runtime_env"] = runtime_env
             tools = runtime.run_sync(self._start_hosts(), _START_TIMEOUT + 60.0)

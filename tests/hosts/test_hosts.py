@@ -163,9 +163,14 @@ def test_an_interpreter_without_openenv_gym_is_refused_clearly(tmp_path):
     assert procs.wait_dead(set(procs.descendants()) - before, timeout=10) == []
 
 
-def test_python_and_isolate_together_are_refused():
-    with pytest.raises(ConfigurationError, match="not both"):
-        gym.make("openenv/ORS-v0", python=PY, isolate=True, **PROBE)
+def test_a_named_interpreter_wins_over_isolate():
+    """An id imported isolated registers isolate=True; python= given to gym.make runs it there, unbuilt."""
+    env = gym.make("openenv/ORS-v0", python=PY, isolate=True, **PROBE)
+    try:
+        env.reset(seed=0)
+        assert procs.cmdline(host_pid(env)).split()[0] == PY
+    finally:
+        env.close()
 
 
 # -- vector envs over host processes -------------------------------------------------------------

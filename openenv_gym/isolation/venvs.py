@@ -1,0 +1,274 @@
+"""Venvs of isolated envs: a source's requirements, and the venv ``uv`` builds from them.
+
+What goes in (:func:`requirements_for`): the source's own requirements (``[project].dependencies``
+of its ``pyproject.toml`` and the lines of its ``requirements.txt``), the SDK its kind needs (the
+matching extra of this package, unless the source names that SDK itself: its pin wins), and this
+package (editable if this one is, so a host runs the same code as the driver). A legacy Verifiers
+source (``load_environment``) gets ``verifiers<0.4``: later releases dropped that API.
+
+Where it is built (:func:`ensure_venv`): ``<data dir>/venvs/<hash>``, the hash of the sorted
+requirements and the interpreter, so that two envs with the same requirements share one venv and
+a change of requirements builds a new one. A file lock makes concurrent builders (several host
+processes, several Ray actors of one node) wait for one build; a ``.complete`` marker written last
+means a crash mid-build is rebuilt, never used half-built. ``uv`` never downloads an interpreter
+here (``UV_PYTHON_DOWNLOADS=never``): ``--python 3.12`` needs that Python on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+
+from openenv_gym.errors import ConfigurationError
+from openenv_gym.isolation.paths import venvs_dir
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["BUILD_TIMEOUT", "requirements_for", "source_requirements", "ensure_venv", "venv_python", "python_for",
+           "this_package"]
+
+DISTRIBUTION = "openenv-gym"
+BUILD_TIMEOUT = 1800.0
+"""Seconds a venv build may take (downloads included) before it is a typed error."""
+
+_FORMAT = 1  # bump when the venv layout changes: old venvs are then rebuilt, not reused
+_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+
+
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares them (``Ors_SDK`` is ``ors-sdk``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name_of(requirement: str) -> str | None:
+    m = _NAME.match(requirement)
+    return canonical(m[1]) if m else None
+
+
+def _extra(extra: str) -> list[str]:
+    """This package's requirements for ``extra``, without their markers."""
+    try:
+        requires = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return []
+    out = []
+    for line in requires:
+        requirement, _, marker = line.partition(";")
+        m = _EXTRA_MARKER.search(marker)
+        if m and m[1] == extra:
+            out.append(requirement.strip().replace(" ", ""))
+    return out
+
+
+def _sdk_requirements(kind: str, sdk: str | None) -> list[str]:
+    """The SDK an adapter of ``kind`` needs in the host's venv (``sdk`` picks among several)."""
+    if kind == "ors":
+        wanted = {"ors": "ors-sdk", "openreward": "openreward"}.get(sdk or "", None)
+        return [r for r in _extra("ors") if wanted is None or _name_of(r) == wanted]
+    if kind == "verifiers":
+        if sdk == "v0":  # the legacy API left verifiers in 0.4
+            return ["verifiers>=0.3.1,<0.4", *[r for r in _extra("verifiers") if _name_of(r) != "verifiers"]]
+        return _extra("verifiers")
+    if kind in ("fleet", "openenv"):
+        return _extra(kind)
+    raise ConfigurationError(f"no isolated venv for kind {kind!r}: use one of ors, verifiers, fleet, openenv")
+
+
+def this_package() -> str:
+    """How a venv installs this package: the same checkout (editable if this one is), or the same release."""
+    # Several records may answer to the name (a checkout's own egg-info on sys.path): the installed
+    # one says where it came from in direct_url.json.
+    version = None
+    for dist in metadata.distributions(name=DISTRIBUTION):
+        version = version or dist.version
+        direct = dist.read_text("direct_url.json")
+        if direct:
+            info = json.loads(direct)
+            url = info.get("url", "")
+            if url.startswith("file://"):
+                path = url[len("file://"):]
+                return f"-e {path}" if info.get("dir_info", {}).get("editable") else path
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "openenv_gym").is_dir():
+        return f"-e {checkout}"  # run from a checkout that was never installed
+    return f"{DISTRIBUTION}=={version}" if version else DISTRIBUTION
+
+
+def _requirement_lines(text: str, where: Path) -> list[str]:
+    lines = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            # Options (-r, -e, --index-url ...) could reach beyond the registries or out of the
+            # source: refused by name rather than dropped, so the venv is never quietly incomplete.
+            raise ConfigurationError(f"{where}: option lines are not supported in an isolated import: {line.split()[0]}")
+        lines.append(line)
+    return lines
+
+
+def source_requirements(source: str | os.PathLike[str] | None) -> list[str]:
+    """The requirements a source declares: ``pyproject.toml`` dependencies and ``requirements.txt``.
+
+    Looked up in the source folder (a file's own folder). A pyproject that names a build backend
+    is *not* installed as a project: only its dependencies are, the source itself runs from its
+    snapshot.
+    """
+    if source is None:
+        return []
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    found: list[str] = []
+    pyproject = folder / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"{pyproject} is not valid TOML: {exc}") from None
+        deps = data.get("project", {}).get("dependencies", [])
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise ConfigurationError(f"{pyproject}: [project].dependencies must be a list of strings")
+        found += [d.strip() for d in deps]
+    requirements = folder / "requirements.txt"
+    if requirements.is_file():
+        found += _requirement_lines(requirements.read_text(), requirements)
+    return found
+
+
+def requirements_for(kind: str, source: str | os.PathLike[str] | None, sdk: str | None = None,
+                     extra: Sequence[str] = ()) -> list[str]:
+    """Everything the venv of a ``kind`` source needs: its own requirements, its SDK, this package."""
+    own = [*source_requirements(source), *extra]
+    named = {_name_of(r) for r in own}
+    sdk_reqs = [r for r in _sdk_requirements(kind, sdk) if _name_of(r) not in named]
+    seen: dict[str, None] = {}
+    for r in [*own, *sdk_reqs, this_package()]:
+        seen.setdefault(r, None)
+    return list(seen)
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found:
+            return found
+    raise ConfigurationError("isolated envs need uv: pip install uv")
+
+
+def _interpreter(python: str | None) -> str:
+    """What ``uv venv --python`` gets: the driver's interpreter unless a version or path is named."""
+    return python or sys.executable
+
+
+def _key(requirements: Sequence[str], python: str | None) -> str:
+    version = python or f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    blob = json.dumps({"format": _FORMAT, "python": version, "requirements": sorted(requirements)})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run(cmd: list[str], log: Path, env: dict[str, str], deadline: float) -> None:
+    import time
+
+    with open(log, "ab") as out:
+        out.write(("$ " + " ".join(cmd[1:]) + "\n").encode())
+        out.flush()
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                  timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise ConfigurationError(f"building the venv took longer than {BUILD_TIMEOUT:.0f} s; see {log}") from None
+    if done.returncode:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        raise ConfigurationError(f"building the venv failed (uv exited with {done.returncode}); the end of {log}:\n"
+                                 + "\n".join(tail))
+
+
+def ensure_venv(requirements: Sequence[str], python: str | None = None) -> Path:
+    """The venv holding ``requirements`` (built now if not yet, minutes at most once); its folder.
+
+    ``python`` is a version (``"3.12"``) or an interpreter path; default: this interpreter.
+    Raises :class:`~openenv_gym.errors.ConfigurationError` with the end of uv's log when the
+    requirements cannot be resolved or installed (a conflict, a missing Python), or after
+    :data:`BUILD_TIMEOUT`.
+    """
+    import time
+
+    root = venvs_dir()
+    venv = root / _key(requirements, python)
+    marker = venv / ".complete"
+    if marker.is_file():
+        return venv
+    with _lock(root / f"{venv.name}.lock"):
+        if marker.is_file():  # built by whoever held the lock before us
+            return venv
+        if venv.exists():
+            shutil.rmtree(venv)  # a build that crashed half-way
+        deadline = time.monotonic() + BUILD_TIMEOUT
+        env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": ""}
+        env.pop("VIRTUAL_ENV")
+        uv = _uv()
+        log = root / f"{venv.name}.log"
+        log.write_text("")
+        _run([uv, "venv", "--quiet", "--python", _interpreter(python), str(venv)], log, env, deadline)
+        listed = venv / "requirements.txt"
+        listed.write_text("\n".join(requirements) + "\n")
+        try:
+            _run([uv, "pip", "install", "--python", str(venv_python(venv)), "-r", str(listed)], log, env, deadline)
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise
+        shutil.move(str(log), venv / "build.log")
+        marker.write_text(json.dumps({"requirements": list(requirements), "python": python}) + "\n")
+    return venv
+
+
+def python_for(kind: str, source: str | os.PathLike[str] | None, sdk: str | None = None,
+               python: str | None = None, requirements: Sequence[str] | None = None) -> str:
+    """The interpreter of the isolated venv of a ``kind`` source (built first if need be).
+
+    ``sdk`` (which SDK or generation) is detected statically from ``source`` when not given.
+    ``requirements`` replaces the computed list (the catalog's record of an install).
+    """
+    if requirements is None:
+        if sdk is None and source is not None and kind in ("ors", "verifiers"):
+            from openenv_gym.importers import detect
+
+            with contextlib.suppress(Exception):  # detection failing leaves the default SDK set
+                sdk = detect(source, kind=kind).sdk
+        requirements = requirements_for(kind, source, sdk)
+    return str(venv_python(ensure_venv(requirements, python)))
