@@ -22,6 +22,7 @@ operations as coroutines, and both run on the package's runtime loop whatever lo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -58,7 +59,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             and default as the vector envs'. A step cut short this way, or by Ctrl-C, leaves the
             episode needing :meth:`reset`.
         hosted: play the env in an adapter host process instead (``gym.make(id, python=...)`` or
-            ``isolate=True``): the same contract, every call one request to the host.
+            ``isolate=True``): the same contract, every call one request to the host, made on the
+            caller's thread (a blocking socket needs no hop to the runtime loop).
 
     An env serves one caller at a time: a second thread calling ``reset`` or ``step`` while a
     call runs gets :class:`~openenv_gym.errors.ConcurrentUse`. A forgotten :meth:`close` is done
@@ -87,6 +89,9 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if (adapter is None) == (hosted is None):
             raise ConfigurationError("AgentEnv needs an adapter, or a hosted session (python=, isolate=True)")
         self._session: EnvSession | HostedSession = hosted or EnvSession(adapter, split=split, max_turns=max_turns)
+        self._hosted = hosted
+        if hosted is not None:
+            hosted.step_timeout = step_timeout
         self._split = split
         self._closed = False
         self._busy = threading.Lock()
@@ -94,30 +99,35 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             # Starting may launch a server (seconds to minutes; adapters bound it themselves):
             # a short step_timeout is for steps, so the start gets at least the default.
             start_limit = None if step_timeout is None else max(step_timeout, STEP_TIMEOUT)
-            runtime.run_sync(runtime.within(self._start(), start_limit, "starting the environment", "the start limit"))
+            if hosted is not None:
+                self._base_tools = hosted.start(start_limit)
+                if split is not None:
+                    hosted.num_tasks(split)  # fail at construction for an unknown split
+            else:
+                runtime.run_sync(runtime.within(self._start(), start_limit, "starting the environment", "the start limit"))
         except BaseException:
             self._closed = True
             with contextlib.suppress(Exception):
-                runtime.run_sync(self._release_backend(), _CLOSE_TIMEOUT)
+                if hosted is not None:
+                    hosted.close()
+                else:
+                    runtime.run_sync(self._release_backend(), _CLOSE_TIMEOUT)
             raise
         runtime.track(self)
         self.observation_space = Messages()
         self.action_space = AssistantAction(self._base_tools)
 
     async def _start(self) -> None:
-        if isinstance(self._session, HostedSession):
-            self._base_tools = await self._session.start()
-        else:
-            assert self.adapter is not None
-            await self.adapter.start()
-            self._base_tools = await self.adapter.tools()
+        assert self.adapter is not None
+        await self.adapter.start()
+        self._base_tools = await self.adapter.tools()
         if self._split is not None:
-            await self._session.num_tasks(self._split)  # fail at construction for an unknown split
+            await self.adapter.num_tasks(self._split)  # fail at construction for an unknown split
 
     async def _release_backend(self) -> None:
         """Close the adapter, or stop the host process that runs it."""
-        if isinstance(self._session, HostedSession):
-            await self._session.close()
+        if self._hosted is not None:
+            await asyncio.to_thread(self._hosted.close)
         elif self.adapter is not None:
             await self.adapter.aclose()
 
@@ -129,6 +139,13 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     def _run(self, coro: Any, what: str) -> Any:
         """Run one call of this env on the runtime loop, bounded by ``step_timeout``."""
         return runtime.run_sync(coro, self.step_timeout, what=what)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """Call the session's ``name``: a hosted session's calls block on the caller's thread (each
+        bounded by ``step_timeout`` itself); an in-process one's run on the runtime loop."""
+        if self._hosted is not None:
+            return getattr(self._hosted, name)(*args)
+        return self._run(getattr(self._session, name)(*args), "step" if name == "step" else f"{name}()")
 
     @contextlib.contextmanager
     def _one_caller(self, what: str) -> Iterator[None]:
@@ -144,17 +161,17 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     def splits(self) -> list[Split]:
         """The task splits, in the backend's order."""
         self._check_open()
-        return self._run(self._session.splits(), "splits()")
+        return self._call("splits")
 
     def num_tasks(self, split: str | None = None) -> int:
         """How many tasks ``split`` (default: the env's default split) holds."""
         self._check_open()
-        return self._run(self._session.num_tasks(split), "num_tasks()")
+        return self._call("num_tasks", split)
 
     def task(self, split: str, index: int) -> dict[str, Any]:
         """The task spec at ``index`` of ``split``; it may hold the answer, so keep it from the agent."""
         self._check_open()
-        return self._run(self._session.task(split, index), "task()")
+        return self._call("task", split, index)
 
     # -- episode -------------------------------------------------------------------------------
     def reset(
@@ -186,6 +203,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         ('user', ['calculator', 'submit'])
         """
         with self._one_caller("reset"):
+            if self._hosted is not None:
+                return self._hosted_reset(seed, options)
             return self._run(self._areset(seed, options), "reset")
 
     def step(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
@@ -220,18 +239,22 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         with self._one_caller("step"):
             self._check_open()
             self._session.check_steppable()
-            return self._run(self._session.step(action), "step")
+            return self._call("step", action)
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """:meth:`reset` as a coroutine (runs on the runtime loop whatever loop awaits it)."""
+        if self._hosted is not None:  # blocking calls on a socket of their own: a worker thread
+            return await asyncio.to_thread(self._hosted_reset, seed, options)
         return await runtime.on_runtime(runtime.within(self._areset(seed, options), self.step_timeout, "reset"))
 
     async def astep(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """:meth:`step` as a coroutine."""
         self._check_open()
         self._session.check_steppable()
+        if self._hosted is not None:
+            return await asyncio.to_thread(self._hosted.step, action)
         return await runtime.on_runtime(runtime.within(self._session.step(action), self.step_timeout, "step"))
 
     async def _areset(
@@ -240,8 +263,18 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         self._check_open()
         gym.Env.reset(self, seed=seed)
         self._session.np_random = self.np_random  # task choice draws from the env's own rng
-        obs, info = await self._session.reset(None, options)
+        obs, info = await self._session.reset(None, options)  # type: ignore[misc]
         self.action_space.tools = list(self._session.tools)
+        return obs, info
+
+    def _hosted_reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[list[Message], dict[str, Any]]:
+        """:meth:`_areset` for a hosted session, on the caller's thread."""
+        assert self._hosted is not None
+        self._check_open()
+        gym.Env.reset(self, seed=seed)
+        self._hosted.np_random = self.np_random
+        obs, info = self._hosted.reset(None, options)
+        self.action_space.tools = list(self._hosted.tools)
         return obs, info
 
     # -- rendering and closing -------------------------------------------------------------------
@@ -267,9 +300,15 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             return
         self._closed = True
         runtime.untrack(self)
+        if self._hosted is not None:
+            self._hosted.close()
+            return
         runtime.run_sync(self._aclose(), _CLOSE_TIMEOUT)
 
     async def _aclose(self) -> None:
+        if self._hosted is not None:
+            await self._release_backend()
+            return
         try:
             await self._session.aclose()
         finally:

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 
@@ -33,7 +33,8 @@ from openenv_gym.hosts.shard import decode_tools
 from openenv_gym.vector.ops import Op, Result, decode_results, encode_ops
 from openenv_gym.wire import ToolSpec
 
-__all__ = ["HostProcess", "ProcessHandle", "START_TIMEOUT"]
+__all__ = ["HostProcess", "ProcessHandle", "START_TIMEOUT", "spawn", "init_body", "init_failed", "gone_message",
+           "kill_group"]
 
 START_TIMEOUT = 120.0
 """Seconds a host process may take to import openenv_gym and answer ``init`` (its adapters'
@@ -69,50 +70,19 @@ class HostProcess:
     async def open(self, timeout: float = START_TIMEOUT) -> None:
         """Start the process and build its host; :class:`ConfigurationError` if the interpreter
         cannot run one (openenv_gym missing there, another version), :class:`HostDied` if it dies."""
-        if not os.path.exists(self.python):
-            raise ConfigurationError(f"python={self.python!r}: no such interpreter")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._stderr = tempfile.TemporaryFile()  # unlinked: only this process and the host see it
-        try:
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            self.process = subprocess.Popen(
-                [self.python, "-m", "openenv_gym.hosts.server", "--fd", str(theirs.fileno()),
-                 "--parent-pid", str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._stderr,
-                stderr=self._stderr, env=env, start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        self.process, ours, self._stderr = spawn(self.python)
         reader, self._writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
-        init = {**self._init, "protocol": PROTOCOL}
         try:
             async with asyncio.timeout(timeout):
-                reply = await self.request("init", pickle.dumps(init))
-        except TimeoutError:
+                reply = await self.request("init", init_body(self._init))
+        except BaseException as exc:
             self.kill()
-            raise HostDied(f"the host process under {self.python} did not answer within {timeout} s") from None
-        except HostDied as exc:
-            raise ConfigurationError(
-                f"python={self.python!r} cannot run the openenv_gym host (is openenv-gym installed in "
-                f"that environment? isolate=True builds one that has it): {exc}") from None
-        except OpenEnvGymError as exc:  # the host refused (another protocol version)
-            self.kill()
-            raise ConfigurationError(f"python={self.python!r}: {exc}") from None
+            raise init_failed(self.python, exc, timeout) from None
         self.info = _decode_info.decode(reply)
 
     def stderr_tail(self) -> str:
-        if self._stderr is None:
-            return ""
-        try:
-            size = self._stderr.seek(0, os.SEEK_END)
-            self._stderr.seek(max(0, size - _STDERR_TAIL))
-            return self._stderr.read().decode("utf-8", "replace").strip()
-        except (OSError, ValueError):
-            return ""
+        return output_tail(self._stderr)
 
     # -- requests --------------------------------------------------------------------------------
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -140,11 +110,7 @@ class HostProcess:
     def _lost(self, why: str) -> None:
         if self.gone is not None:
             return
-        code = None if self.process is None else self.process.poll()
-        if code is not None:
-            why = f"it exited with code {code}"
-        tail = self.stderr_tail()
-        self.gone = f"the host process (pid {self.pid}) is gone: {why}" + (f"; its output ends with:\n{tail}" if tail else "")
+        self.gone = gone_message(self.process, why, self._stderr)
         waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
             if not future.done():
@@ -210,13 +176,7 @@ class HostProcess:
 
     def kill(self) -> None:
         """SIGKILL the host's whole process group (its servers too); never raises."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, 9)  # start_new_session: the group is the host and its children
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
+        kill_group(self.process)
 
 
 class ProcessHandle(Handle):
@@ -237,7 +197,9 @@ class ProcessHandle(Handle):
             for result in decode_results(body):
                 deliver(result)
 
-        await self.process.request("run", encode_ops(ops), stream)
+        rest = await self.process.request("run", encode_ops(ops), stream)
+        if rest:  # the results the reply carries (all of a one-op run's)
+            stream(rest)
 
     def cancel(self, requests: list[tuple[int, int]]) -> None:
         self.process.notify("cancel", _msgpack.encode(requests))
@@ -259,3 +221,78 @@ class ProcessHandle(Handle):
 
     def kill(self) -> None:
         self.process.kill()
+
+
+# -- what both drivers of a host process share (this one on the runtime loop, the blocking one of
+# a single env on the caller's thread: openenv_gym.hosts.blocking) ------------------------------
+def spawn(python: str) -> tuple[subprocess.Popen[bytes], socket.socket, IO[bytes]]:
+    """Start ``python -m openenv_gym.hosts.server`` in its own session; returns the process, the
+    driver's end of its socketpair and the (unlinked) file its output goes to."""
+    if not os.path.exists(python):
+        raise ConfigurationError(f"python={python!r}: no such interpreter")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    output = tempfile.TemporaryFile()  # unlinked: only this process and the host see it
+    try:
+        process = subprocess.Popen(
+            [python, "-m", "openenv_gym.hosts.server", "--fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
+        )
+    except BaseException:
+        ours.close()
+        output.close()
+        raise
+    finally:
+        theirs.close()
+    return process, ours, output
+
+
+def init_body(init: dict[str, Any]) -> bytes:
+    """The ``init`` request: how the host builds its :class:`~openenv_gym.hosts.shard.EnvHost`."""
+    return pickle.dumps({**init, "protocol": PROTOCOL})
+
+
+def init_failed(python: str, exc: BaseException, timeout: float) -> BaseException:
+    """What a failed ``init`` raises: the interpreter cannot run a host (:class:`ConfigurationError`),
+    or the host did not answer in time (:class:`HostDied`); anything else (Ctrl-C) as it is."""
+    if isinstance(exc, TimeoutError):
+        return HostDied(f"the host process under {python} did not answer within {timeout} s")
+    if isinstance(exc, HostDied):
+        return ConfigurationError(
+            f"python={python!r} cannot run the openenv_gym host (is openenv-gym installed in "
+            f"that environment? isolate=True builds one that has it): {exc}")
+    if isinstance(exc, OpenEnvGymError):  # the host refused (another protocol version)
+        return ConfigurationError(f"python={python!r}: {exc}")
+    return exc
+
+
+def output_tail(output: IO[bytes] | None) -> str:
+    """The end of what the host printed (its traceback, when it crashed)."""
+    if output is None:
+        return ""
+    try:
+        size = output.seek(0, os.SEEK_END)
+        output.seek(max(0, size - _STDERR_TAIL))
+        return output.read().decode("utf-8", "replace").strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def gone_message(process: subprocess.Popen[bytes] | None, why: str, output: IO[bytes] | None) -> str:
+    """Why a host is gone, with its exit code and the end of its output."""
+    code = None if process is None else process.poll()
+    if code is not None:
+        why = f"it exited with code {code}"
+    tail = output_tail(output)
+    pid = None if process is None else process.pid
+    return f"the host process (pid {pid}) is gone: {why}" + (f"; its output ends with:\n{tail}" if tail else "")
+
+
+def kill_group(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a host's whole process group (its servers too); never raises."""
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, 9)  # start_new_session: the group is the host and its children
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()

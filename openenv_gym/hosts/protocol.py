@@ -8,7 +8,8 @@ Driver to host, ``kind`` is a method of :class:`~openenv_gym.hosts.shard.EnvHost
 which builds it, and ``bye``, which ends the host); ``id`` pairs the answer with its request
 (``0``: no answer wanted, as for ``cancel``). Host to driver, ``kind`` is ``reply`` (the method
 returned ``body``), ``error`` (it raised; ``error`` is ``{"type", "message"}``) or ``results`` (some
-of a ``run``'s results, sent as they finish, before its ``reply``). Op and result bodies are the
+of a ``run``'s results, sent as they finish, before its ``reply``; the ``reply`` of a ``run`` holds
+the results not streamed yet, so a one-op run costs one frame each way). Op and result bodies are the
 same msgpack bytes a Ray actor exchanges (:mod:`openenv_gym.vector.ops`).
 """
 
@@ -20,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Frame", "PROTOCOL", "read_frame", "write_frame", "MAX_FRAME"]
+__all__ = ["Frame", "PROTOCOL", "read_frame", "write_frame", "pack", "unpack", "MAX_FRAME"]
 
-PROTOCOL = 1
+PROTOCOL = 2
 """Bumped on any change of the frames or the methods; both ends check it at ``init``."""
 
 MAX_FRAME = 1 << 30
@@ -42,10 +43,34 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
 
+def pack(frame: Frame) -> bytes:
+    """``frame`` as it goes on the wire: its length, then its msgpack."""
+    data = _encoder.encode(frame)
+    return _HEADER.pack(len(data)) + data
+
+
+def unpack(buffer: bytearray) -> Frame | None:
+    """Take the first whole frame off ``buffer`` (``None``: not all of it has come yet);
+    ``ValueError`` on a corrupted stream. For a driver reading a blocking socket itself."""
+    if len(buffer) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack_from(buffer)
+    if size > MAX_FRAME:
+        raise ValueError(f"a host frame of {size} bytes is beyond the {MAX_FRAME}-byte limit")
+    end = _HEADER.size + size
+    if len(buffer) < end:
+        return None
+    data = bytes(buffer[_HEADER.size:end])
+    del buffer[:end]
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"a corrupted host frame: {exc}") from None
+
+
 def write_frame(writer: asyncio.StreamWriter, frame: Frame) -> None:
     """Queue ``frame`` on ``writer`` (the caller drains when it needs back-pressure)."""
-    data = _encoder.encode(frame)
-    writer.write(_HEADER.pack(len(data)) + data)
+    writer.write(pack(frame))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:

@@ -59,7 +59,11 @@ class IsolatedEnvHost:
 
     async def run(self, data: bytes) -> bytes:
         results: list[Any] = []
-        await (await self._ensure()).request("run", data, lambda body: results.extend(decode_results(body)))
+        rest = await (await self._ensure()).request("run", data, lambda body: results.extend(decode_results(body)))
+        if not results:  # everything came in the reply: pass it on as it is
+            return rest or encode_results([])
+        if rest:
+            results.extend(decode_results(rest))
         return encode_results(results)
 
     async def cancel(self, requests: list[tuple[int, int]]) -> None:

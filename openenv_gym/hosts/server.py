@@ -33,6 +33,13 @@ _msgpack = msgspec.msgpack.Encoder()
 _requests = msgspec.msgpack.Decoder(list[tuple[int, int]])
 
 
+def _encode(results: list[Result]) -> bytes:
+    try:
+        return encode_results(results)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        return encode_results([encodable(r) for r in results])
+
+
 class _Server:
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
@@ -49,19 +56,11 @@ class _Server:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def flush(self, only: int | None = None) -> None:
-        if only is None:
-            self.flush_scheduled = False
-        ids = [only] if only is not None else list(self.pending)
-        for call_id in ids:
-            results = self.pending.pop(call_id, None)
-            if not results:
-                continue
-            try:
-                body = encode_results(results)
-            except (TypeError, ValueError, msgspec.EncodeError):
-                body = encode_results([encodable(r) for r in results])
-            write_frame(self.writer, Frame(call_id, "results", body))
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        for call_id in list(self.pending):
+            if results := self.pending.pop(call_id, None):
+                write_frame(self.writer, Frame(call_id, "results", _encode(results)))
 
     # -- requests --------------------------------------------------------------------------------
     def dispatch(self, frame: Frame) -> None:
@@ -103,9 +102,14 @@ class _Server:
         if host is None:
             raise RuntimeError(f"{kind!r} before init")
         if kind == "run":
-            await host.submit(decode_ops(frame.body), lambda r, i=frame.id: self.emit(i, r))
-            self.flush(frame.id)  # every result goes before the reply that ends the run
-            return b""
+            ops = decode_ops(frame.body)
+            if len(ops) == 1:  # nothing to order: its result rides in the reply (one frame, one wake-up)
+                results: list[Result] = []
+                await host.submit(ops, results.append)
+            else:
+                await host.submit(ops, lambda r, i=frame.id: self.emit(i, r))
+                results = self.pending.pop(frame.id, [])  # what the reply carries: none streamed yet
+            return _encode(results) if results else b""
         if kind == "start":
             return await host.start()
         if kind == "cancel":
@@ -170,7 +174,14 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(args.parent_pid)
     # The terminal's Ctrl-C is the trainer's to handle (this process has its own session anyway).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(serve(args.fd))
+    try:  # the faster loop where the host's venv has it (the ors and openenv extras bring it)
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(args.fd))
 
 
 if __name__ == "__main__":

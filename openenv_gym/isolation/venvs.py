@@ -70,15 +70,18 @@ def _extra(extra: str) -> list[str]:
         requirement, _, marker = line.partition(";")
         m = _EXTRA_MARKER.search(marker)
         if m and m[1] == extra:
-            out.append(requirement.strip().replace(" ", ""))
+            # Keep the requirement's own condition (a platform), drop the extra's (this
+            # package's extras join conditions with ``and`` only).
+            rest = " and ".join(p.strip() for p in re.split(r"\band\b", marker) if not _EXTRA_MARKER.search(p))
+            out.append(requirement.strip().replace(" ", "") + (f"; {rest}" if rest else ""))
     return out
 
 
 def _sdk_requirements(kind: str, sdk: str | None) -> list[str]:
     """The SDK an adapter of ``kind`` needs in the host's venv (``sdk`` picks among several)."""
-    if kind == "ors":
-        wanted = {"ors": "ors-sdk", "openreward": "openreward"}.get(sdk or "", None)
-        return [r for r in _extra("ors") if wanted is None or _name_of(r) == wanted]
+    if kind == "ors":  # the SDK the source is written against, not the other one
+        other = {"ors": "openreward", "openreward": "ors-sdk"}.get(sdk or "")
+        return [r for r in _extra("ors") if _name_of(r) != other]
     if kind == "verifiers":
         if sdk == "v0":  # the legacy API left verifiers in 0.4
             return ["verifiers>=0.3.1,<0.4", *[r for r in _extra("verifiers") if _name_of(r) != "verifiers"]]
