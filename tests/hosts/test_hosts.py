@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -19,12 +20,15 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym.errors import (
     BackendTimeout, ConfigurationError, EpisodeInterrupted, EpisodeNotStarted, HostDied, InvalidAction,
     TaskNotFound,
 )
+from openenv_gym.hosts.protocol import unpack
 from openenv_gym.testing import procs
 from openenv_gym.wrappers import ConversationHistory
 
@@ -140,6 +144,50 @@ def test_a_killed_host_is_a_typed_error_in_bounded_time_and_reset_recovers(hoste
     obs, info = hosted.reset(seed=0)
     assert obs and host_pid(hosted) != pid
     assert hosted.step(call("hint"))[0]
+
+
+def test_a_late_answer_is_never_taken_for_the_next_requests():
+    """A step given up (its timeout) leaves its answer to come later: matched by id and dropped."""
+    env = gym.make("openenv/ORS-v0", python=PY, step_timeout=1.0, **PROBE)
+    try:
+        tasks = env.unwrapped.num_tasks("train")
+        env.reset(seed=0)
+        with pytest.raises(BackendTimeout, match="step_timeout=1.0"):
+            env.step(call("tick", {"seconds": 2.0}))
+        time.sleep(2.0)  # the given-up step's answer (or its cancellation) is on the socket by now
+        assert env.unwrapped.num_tasks("train") == tasks
+        obs, _ = env.reset(seed=0)
+        assert obs and obs[0]["role"] == "user"
+        obs, *_ = env.step(call("tick", {"seconds": 0}))
+        assert obs[0]["content"] == "1"  # this step's own answer: the new episode's first tick
+    finally:
+        env.close()
+
+
+def test_close_from_another_thread_ends_a_hung_step_at_once():
+    env = gym.make("openenv/ORS-v0", python=PY, **PROBE)
+    env.reset(seed=0)
+    pid = host_pid(env)
+    tree = [pid, *procs.descendants(pid)]
+    threading.Timer(0.5, env.close).start()
+    start = time.monotonic()
+    with pytest.raises(HostDied):
+        env.step(call("slow", {"seconds": 60}))
+    assert time.monotonic() - start < 10
+    assert procs.wait_dead(tree, timeout=10) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(min_value=0, max_value=2**32 - 1))
+def test_any_bytes_on_the_host_socket_are_a_frame_or_a_clear_error(data, size):
+    """What a broken host could write: a frame, not yet a frame, or ValueError (HostDied then)."""
+    for stream in (data, struct.pack(">I", size) + data):
+        buffer = bytearray(stream)
+        try:
+            while unpack(buffer) is not None:
+                pass
+        except ValueError:
+            pass
 
 
 def test_close_leaves_no_process():
