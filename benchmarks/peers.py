@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from typing import Any, Callable
 
 from figures import figure, write
 from servers import free_port, wait_healthy
+
+from openenv_gym.testing import procs
 
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")  # no PyPI check from the SDK client
 
@@ -51,15 +52,6 @@ def start_arithmetic() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, arithmetic.__file__, str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     return wait_healthy(proc, f"http://127.0.0.1:{port}", "Arithmetic")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 # -- ORS: one scripted episode per task index, on each side ------------------------------------------
@@ -121,7 +113,7 @@ def bench_ors(reps: int, episodes: int) -> tuple[list[dict[str, Any]], dict[str,
             ors_client.close()
             env.close()
     finally:
-        _stop(proc)
+        procs.terminate(proc)
     ours = rates["openenv_gym"]
     figures = [figure(f"ORS single env vs the {name}", [a / b for a, b in zip(ours, theirs)], target=1.0)
                for name, theirs in rates.items() if name != "openenv_gym"]

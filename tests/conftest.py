@@ -12,7 +12,6 @@ import atexit
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -53,13 +52,7 @@ class RunningServer:
         return self.process.pid
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        procs.terminate(self.process)
 
 
 def start_server(flavour: str, timeout: float = 60.0) -> RunningServer:

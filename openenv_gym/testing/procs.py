@@ -9,10 +9,12 @@ answers as if nothing were running.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterable
 
-__all__ = ["alive", "parents", "children", "descendants", "cmdline", "rss_kib"]
+__all__ = ["alive", "parents", "children", "descendants", "cmdline", "rss_kib", "wait_dead", "terminate"]
 
 
 def _stat(pid: int | str) -> list[str] | None:
@@ -94,3 +96,16 @@ def wait_dead(pids: Iterable[int], timeout: float = 20.0) -> list[int]:
         time.sleep(0.05)
         left = [p for p in left if alive(p)]
     return left
+
+
+def terminate(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM ``process`` (a server started for a test or benchmark), then SIGKILL it if it has
+    not exited within ``timeout`` seconds; returns once it is reaped."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

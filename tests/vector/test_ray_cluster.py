@@ -91,13 +91,8 @@ class Cluster:
         tree = [p.pid for p in (getattr(self, "head", None), getattr(self, "worker", None)) if p is not None]
         tree += [c for pid in list(tree) for c in procs.descendants(pid)]
         for p in (getattr(self, "worker", None), getattr(self, "head", None)):  # the worker first: it would keep calling a dead head
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(10)
+            if p is not None:
+                procs.terminate(p, timeout=30)
         left = procs.wait_dead(tree, timeout=30)
         for pid in left:
             try:
