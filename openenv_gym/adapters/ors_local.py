@@ -54,7 +54,7 @@ from pathlib import Path
 
 import httpx
 
-from openenv_gym.adapters.ors_serve import TOKEN_ENV, process_start_time
+from openenv_gym.adapters.ors_serve import TOKEN_ENV, is_stopped, proc_state, process_start_time
 from openenv_gym.adapters.ors_transport import make_client
 from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError
 
@@ -175,7 +175,7 @@ class LocalServer:
 
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP, a debugger): it answers nothing."""
-        return _proc_state(self.pid) in ("T", "t")
+        return is_stopped(self.pid)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of the server's output (across a rotation), for error messages."""
@@ -216,12 +216,6 @@ class LocalServer:
         self.reap(grace)
 
 
-def _proc_state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
 
 
 class _Launch:
@@ -412,7 +406,7 @@ def _pid_alive(pid: int, start: str) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: alive
-    state = _proc_state(pid)
+    state = proc_state(pid)
     if state == "Z":
         return False
     # A recorded start time that differs means the pid now names another process.

@@ -275,6 +275,21 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def proc_state(pid: int) -> str:
+    """The kernel's state letter of ``pid`` (``R``, ``S``, ``T``, ``Z``...), ``"?"`` where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def is_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP, a debugger): it answers nothing, and a SIGTERM
+    would wait for a SIGCONT that may never come, so only a SIGKILL ends it."""
+    return proc_state(pid) in ("T", "t")
+
+
 def process_start_time(pid: int) -> str:
     """The kernel's start time of ``pid`` (``/proc/<pid>/stat`` field 22), ``"-"`` where unknown.
 

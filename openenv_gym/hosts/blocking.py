@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import msgspec
 
+from openenv_gym.adapters.ors_serve import is_stopped
 from openenv_gym.errors import BackendTimeout, HostDied, from_wire
 from openenv_gym.hosts.process import START_TIMEOUT, gone_message, init_body, init_failed, kill_group, spawn
 from openenv_gym.hosts.protocol import Frame, pack, unpack
@@ -178,9 +179,12 @@ class BlockingHost:
         socket is shut under it (the host sees its driver leave and exits; that request gets
         :class:`HostDied`).
         """
+        if self.process is not None and is_stopped(self.process.pid):
+            self.kill()  # stopped (SIGSTOP): it would answer nothing, and a kill is all it can take
         got = self._lock.acquire(timeout=1.0)
         try:
-            if got and self.gone is None and self._sock is not None:
+            if got and self.gone is None and self._sock is not None and self.process is not None \
+                    and self.process.poll() is None:
                 with contextlib.suppress(BaseException):
                     self._request("close", b"", timeout, None, "the close limit", None)
                 self.notify("bye")

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import msgspec
 
+from openenv_gym.adapters.ors_serve import is_stopped
 from openenv_gym.errors import ConfigurationError, HostDied, OpenEnvGymError, from_wire
 from openenv_gym.hosts.handle import Handle
 from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
@@ -143,8 +144,10 @@ class HostProcess:
     # -- end -------------------------------------------------------------------------------------
     async def close(self, timeout: float) -> None:
         """Ask the host to close its env, then end it; kill it past ``timeout``. Never raises."""
+        if self.process is not None and is_stopped(self.process.pid):
+            self.kill()  # stopped (SIGSTOP): it would answer nothing, and a kill is all it can take
         with contextlib.suppress(BaseException):
-            if self.gone is None and self.process is not None:
+            if self.gone is None and self.process is not None and self.process.poll() is None:
                 async with asyncio.timeout(timeout):
                     await self.request("close")
         with contextlib.suppress(BaseException):

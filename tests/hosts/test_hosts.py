@@ -7,6 +7,7 @@ running). Other interpreters and venvs are tested in tests/isolation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -174,6 +175,27 @@ def test_close_from_another_thread_ends_a_hung_step_at_once():
     with pytest.raises(HostDied):
         env.step(call("slow", {"seconds": 60}))
     assert time.monotonic() - start < 10
+    assert procs.wait_dead(tree, timeout=10) == []
+
+
+def test_a_stopped_host_times_out_and_closes_at_once():
+    """A host frozen by SIGSTOP answers nothing: the step ends at step_timeout, close() kills it."""
+    env = gym.make("openenv/ORS-v0", python=PY, step_timeout=1.0, **PROBE)
+    env.reset(seed=0)
+    pid = host_pid(env)
+    tree = [pid, *procs.descendants(pid)]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout, match="step_timeout=1.0"):
+            env.step(call("hint"))
+        assert time.monotonic() - start < 5
+        start = time.monotonic()
+        env.close()
+        assert time.monotonic() - start < 10
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
     assert procs.wait_dead(tree, timeout=10) == []
 
 
