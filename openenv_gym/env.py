@@ -18,6 +18,11 @@ This is the contract every backend honours (docs/architecture.md, "The Gymnasium
 
 The methods are sync edges over the async core: :meth:`areset` and :meth:`astep` are the same
 operations as coroutines, and both run on the package's runtime loop whatever loop awaits them.
+Two kinds of env skip the hop to that loop's thread, which costs two thread wake-ups a call: a
+hosted env talks to its host over a blocking socket, and an in-process adapter that holds nothing
+between calls (``Adapter.caller_thread``, e.g. a legacy Verifiers env) runs on a loop of the env's
+own, driven by the caller's thread while a call lasts (:class:`~openenv_gym.runtime.CallerLoop`);
+their async methods run the sync ones in a worker thread.
 """
 
 from __future__ import annotations
@@ -90,6 +95,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             raise ConfigurationError("AgentEnv needs an adapter, or a hosted session (python=, isolate=True)")
         self._session: EnvSession | HostedSession = hosted or EnvSession(adapter, split=split, max_turns=max_turns)
         self._hosted = hosted
+        self._own_loop = runtime.CallerLoop() if adapter is not None and adapter.caller_thread else None
+        self._run_on = self._own_loop.run if self._own_loop is not None else runtime.run_sync
         if hosted is not None:
             hosted.step_timeout = step_timeout
         self._split = split
@@ -104,14 +111,14 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
                 if split is not None:
                     hosted.num_tasks(split)  # fail at construction for an unknown split
             else:
-                runtime.run_sync(runtime.within(self._start(), start_limit, "starting the environment", "the start limit"))
+                self._run_on(self._start(), start_limit, what="starting the environment", limit="the start limit")
         except BaseException:
             self._closed = True
             with contextlib.suppress(Exception):
                 if hosted is not None:
                     hosted.close()
                 else:
-                    runtime.run_sync(self._release_backend(), _CLOSE_TIMEOUT)
+                    self._close_with(self._release_backend())
             raise
         runtime.track(self)
         self.observation_space = Messages()
@@ -138,7 +145,14 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
 
     def _run(self, coro: Any, what: str) -> Any:
         """Run one call of this env on the runtime loop, bounded by ``step_timeout``."""
-        return runtime.run_sync(coro, self.step_timeout, what=what)
+        return self._run_on(coro, self.step_timeout, what=what)
+
+    def _close_with(self, coro: Any) -> None:
+        """Run a closing coroutine, bounded by the close limit (then close the env's own loop)."""
+        if self._own_loop is not None:
+            self._own_loop.close(coro, _CLOSE_TIMEOUT)
+        else:
+            runtime.run_sync(coro, _CLOSE_TIMEOUT)
 
     def _call(self, name: str, *args: Any) -> Any:
         """Call the session's ``name``: a hosted session's calls block on the caller's thread (each
@@ -203,6 +217,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         ('user', ['calculator', 'submit'])
         """
         with self._one_caller("reset"):
+            self._check_open()
             if self._hosted is not None:
                 return self._hosted_reset(seed, options)
             return self._run(self._areset(seed, options), "reset")
@@ -247,6 +262,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         """:meth:`reset` as a coroutine (runs on the runtime loop whatever loop awaits it)."""
         if self._hosted is not None:  # blocking calls on a socket of their own: a worker thread
             return await asyncio.to_thread(self._hosted_reset, seed, options)
+        if self._own_loop is not None:  # a loop of its own, which this thread's loop cannot drive
+            return await asyncio.to_thread(self.reset, seed=seed, options=options)
         return await runtime.on_runtime(runtime.within(self._areset(seed, options), self.step_timeout, "reset"))
 
     async def astep(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
@@ -255,6 +272,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         self._session.check_steppable()
         if self._hosted is not None:
             return await asyncio.to_thread(self._hosted.step, action)
+        if self._own_loop is not None:
+            return await asyncio.to_thread(self.step, action)
         return await runtime.on_runtime(runtime.within(self._session.step(action), self.step_timeout, "step"))
 
     async def _areset(
@@ -303,7 +322,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if self._hosted is not None:
             self._hosted.close()
             return
-        runtime.run_sync(self._aclose(), _CLOSE_TIMEOUT)
+        self._close_with(self._aclose())
 
     async def _aclose(self) -> None:
         if self._hosted is not None:
@@ -324,4 +343,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if not getattr(self, "_closed", True):
             self._closed = True
             runtime.untrack(self)
-            runtime.close_later(self._aclose())
+            if getattr(self, "_own_loop", None) is not None:
+                self._own_loop.close_later(self._aclose())
+            else:
+                runtime.close_later(self._aclose())

@@ -122,7 +122,8 @@ class ConcurrentUse(ConfigurationError, RuntimeError):
 
 
 class RuntimeClosed(OpenEnvGymError, RuntimeError):
-    """The runtime loop was stopped at interpreter exit; nothing can run on it any more."""
+    """The loop a call needs is gone: the runtime loop was stopped at interpreter exit, or the
+    env (whose own loop ran the call) was closed from another thread while the call ran."""
 
 
 def from_wire(error: dict[str, object]) -> OpenEnvGymError:

@@ -4,7 +4,9 @@ openenv_gym is async at the core and sync at the edges: adapters are coroutines,
 ``gymnasium.Env.step`` is a plain method. Every sync edge reaches the async core through
 :func:`run_sync`, which submits the coroutine to a single daemon thread running an asyncio loop.
 Keeping one loop per process means connection pools, server sessions and keep-alive tasks live in
-one place and survive across calls; nothing else in the package starts an event loop.
+one place and survive across calls. The one exception is :class:`CallerLoop`: a loop of a single
+in-process env's own, run on the caller's thread only while a call lasts, for backends that hold
+nothing between calls and would otherwise pay two thread wake-ups a step.
 
 The loop is recreated after ``fork`` (a child must not reuse its parent's thread-bound loop).
 
@@ -17,12 +19,14 @@ a new one, hangs forever. Once the hook has run, the loop refuses to start again
 
 from __future__ import annotations
 
+import _signal
 import asyncio
 import atexit
 import contextlib
 import concurrent.futures
 import os
 import random
+import signal
 import threading
 import time
 import weakref
@@ -33,7 +37,7 @@ from openenv_gym.errors import BackendTimeout, RuntimeClosed
 
 __all__ = [
     "get_loop", "run_sync", "submit", "on_runtime", "retry", "Backoff", "track", "untrack",
-    "RuntimeClosed", "EXIT_BUDGET", "within", "close_later",
+    "RuntimeClosed", "EXIT_BUDGET", "within", "close_later", "CallerLoop",
 ]
 
 T = TypeVar("T")
@@ -43,6 +47,9 @@ EXIT_BUDGET = 5.0
 _CANCEL_GRACE = 5.0
 _WAIT_SLICE = 0.1
 """Seconds :func:`run_sync` waits for an interrupted coroutine to finish cancelling."""
+
+_MAIN_THREAD = threading.main_thread().ident
+_SIGINT = int(signal.SIGINT)
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -390,3 +397,198 @@ async def retry(
             if deadline is not None and loop.time() - start + wait > deadline:
                 raise
             await asyncio.sleep(wait)
+
+
+class CallerLoop:
+    """An event loop of one env's own, run on the caller's thread for the length of each call.
+
+    :func:`run_sync` costs two thread wake-ups per call (the runtime loop's, then the caller's):
+    tens of microseconds, a fifth of a step of an in-process backend such as a Verifiers
+    environment (benchmarks/verifiers_v0_bench.py). A backend whose work all happens inside the
+    calls (no connection pool, server or background task that must go on between them, see
+    :attr:`~openenv_gym.adapters.base.Adapter.caller_thread`) can instead run on a loop of its own
+    that the caller's thread drives only while a call lasts: no hop, no wake-up.
+
+    :meth:`run` keeps :func:`run_sync`'s contract: the timeout cancels the coroutine and raises
+    :class:`BackendTimeout` naming the limit; Ctrl-C cancels it, lets the cancellation run through
+    it (up to a few seconds), then raises ``KeyboardInterrupt``; the exit budget bounds every call
+    made while the exit hook runs. A call from inside a running event loop is refused: that
+    thread's loop would have to stop for this one to run (use a worker thread, as
+    ``AgentEnv.areset``/``astep`` do).
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        # A default executor of our own, so closing can leave a hung worker behind (and uvloop
+        # does not expose its own).
+        self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="openenv-gym-env")
+        self._loop.set_default_executor(self._executor)
+        self._running = threading.Lock()  # held by the thread driving the loop
+        self._task: asyncio.Task[Any] | None = None
+        self._deadline: float | None = None  # loop time by which the running call must end
+        self._why: str | None = None  # what cut the running call short: "timeout" or "interrupt"
+        self._grace: asyncio.TimerHandle | None = None
+        self._close_when_free: Coroutine[Any, Any, Any] | None = None
+        # One timer for the loop's whole life (a call costs no timer of its own): it looks at the
+        # running call's deadline every _WAIT_SLICE seconds, and wakes the selector so a SIGINT
+        # delivered to another thread is seen. Between calls it waits in the loop's heap.
+        self._watch = self._loop.call_later(_WAIT_SLICE, self._on_watch)
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.is_closed()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, what: str | None = None,
+            limit: str = "step_timeout") -> T:
+        """Run ``coro`` to completion on this loop, on the calling thread (see the class docstring)."""
+        if self._loop.is_closed():
+            coro.close()
+            raise RuntimeClosed("this environment's event loop is closed")
+        if asyncio._get_running_loop() is not None:
+            coro.close()
+            raise RuntimeError("a blocking call of an env made inside a running event loop; await its "
+                               "async method (areset/astep) instead")
+        if not self._running.acquire(blocking=False):
+            coro.close()
+            raise RuntimeError("this environment's loop is already running in another thread")
+        try:
+            return self._run(coro, _bounded(timeout), timeout, what, limit)
+        finally:
+            self._task = self._deadline = self._why = None
+            if self._grace is not None:
+                self._grace.cancel()
+                self._grace = None
+            self._running.release()
+            closing, self._close_when_free = self._close_when_free, None
+            if closing is not None:  # close() gave up waiting for this call: close here
+                self.close(closing, _CANCEL_GRACE)
+
+    def _run(self, coro: Coroutine[Any, Any, T], budget: float | None, timeout: float | None,
+             what: str | None, limit: str) -> T:
+        loop = self._loop
+        task = self._task = loop.create_task(coro)
+        if budget is not None:
+            self._deadline = loop.time() + budget
+        # Ctrl-C cancels the call rather than raising inside whatever code it lands in (the
+        # backend's own tasks included), as asyncio.Runner does. ``_signal`` is ``signal``
+        # without its enum conversions, which would cost more than the rest of a call.
+        restore: Any = None
+        if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(_SIGINT) is signal.default_int_handler:
+            restore = _signal.signal(_SIGINT, self._on_sigint)
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if self._why is None:  # cancelled by close() from another thread
+                raise RuntimeClosed("the environment was closed while this call ran") from None
+        except RuntimeError:
+            if task.done() or self._why is None:  # not "loop stopped": the coroutine's own error
+                raise
+        except BaseException:  # an exception raised by a handler of the user's, or a second Ctrl-C
+            if self._why is None and not task.done():
+                self._cut("interrupt")
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+            raise
+        finally:
+            if restore is not None:
+                _signal.signal(_SIGINT, restore)
+        why = self._why
+        if why == "interrupt":
+            raise KeyboardInterrupt
+        if why is not None and (not task.done() or task.cancelled()):
+            if budget != timeout:
+                raise BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
+            if what is not None:
+                raise BackendTimeout(f"{what} did not finish within {limit}={timeout} s")
+            raise BackendTimeout(f"operation did not finish within {timeout} s")
+        return task.result()
+
+    def _cut(self, reason: str) -> None:
+        """Cancel the running call; a call deaf to its cancel is left after the cancel grace."""
+        task = self._task
+        if self._why is None and task is not None and not task.done():
+            self._why = reason
+            task.cancel()
+            self._grace = self._loop.call_later(_CANCEL_GRACE, self._loop.stop)
+
+    def _on_watch(self) -> None:
+        loop = self._loop
+        self._watch = loop.call_later(_WAIT_SLICE, self._on_watch)
+        if self._deadline is not None and loop.time() >= self._deadline:
+            self._cut("timeout")
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._why is not None:  # a second Ctrl-C: stop waiting for the cancellation
+            raise KeyboardInterrupt
+        self._cut("interrupt")
+        self._loop.call_soon_threadsafe(_nothing)
+
+    def close(self, coro: Coroutine[Any, Any, Any], timeout: float) -> None:
+        """Run the closing coroutine ``coro`` (bounded by ``timeout``), then close the loop.
+
+        From another thread while a call runs: that call is cancelled and given the cancel grace to
+        end; if it does not, the thread running it closes the loop (``coro`` first) when it returns.
+        """
+        if self._loop.is_closed():
+            coro.close()
+            return
+        if not self._running.acquire(blocking=False):
+            task, loop = self._task, self._loop
+            if task is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(task.cancel)
+            if not self._running.acquire(timeout=_bounded(_CANCEL_GRACE) or 0.0):
+                self._close_when_free = coro
+                return
+        self._running.release()
+        try:
+            with contextlib.suppress(RuntimeClosed):
+                self.run(coro, timeout, what="close", limit="the close limit")
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Cancel what is left on the loop, give it a moment, and close the loop."""
+        loop = self._loop
+        if loop.is_closed() or not self._running.acquire(blocking=False):
+            return
+        try:
+            self._watch.cancel()
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                if tasks:
+                    loop.run_until_complete(asyncio.wait(tasks, timeout=_bounded(_CANCEL_GRACE)))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            for task in tasks:
+                task._log_destroy_pending = False  # type: ignore[attr-defined]
+            # A worker thread that hangs must not hold the caller.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+        finally:
+            self._running.release()
+
+    def close_later(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """:meth:`close` without waiting, from any thread (for ``__del__``): a worker thread of the
+        runtime loop drives this loop through ``coro``, so the exit hook still bounds it."""
+        async def elsewhere() -> None:
+            await asyncio.to_thread(self.close, coro, _CANCEL_GRACE)
+
+        close_later(elsewhere())
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed: a loop iteration costs a fraction of asyncio's, and
+    a backend's task hand-offs take an iteration each."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _nothing() -> None:
+    """Wakes a loop's selector (scheduled from a signal handler)."""
+
+

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
+import warnings
 
 import pytest
 
 from openenv_gym import runtime
-from openenv_gym.errors import BackendTimeout
+from openenv_gym.errors import BackendTimeout, RuntimeClosed
 
 
 def test_one_loop_on_one_thread():
@@ -106,3 +109,152 @@ def test_within_names_its_limit_and_leaves_other_cancels_and_timeouts_alone():
         assert not isinstance(err.value, BackendTimeout)
 
     asyncio.run(main())
+
+
+# -- CallerLoop: a single in-process env's own loop, run on the caller's thread -------------------
+
+def sigint_after(seconds: float) -> threading.Timer:
+    """A real SIGINT, delivered to another thread than the main one (Ctrl-C may land anywhere)."""
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_caller_loop_runs_on_the_callers_thread_and_keeps_state_between_calls():
+    runner = runtime.CallerLoop()
+    try:
+        async def start() -> asyncio.Queue:
+            queue: asyncio.Queue = asyncio.Queue()
+
+            async def produce() -> None:  # a task of the backend's own that lives across calls
+                for i in range(3):
+                    await queue.put((i, threading.current_thread().name))
+
+            asyncio.get_running_loop().create_task(produce())
+            return queue
+
+        queue = runner.run(start(), 5)
+        got = [runner.run(queue.get(), 5) for _ in range(3)]
+        assert got == [(i, threading.current_thread().name) for i in range(3)]
+        assert runner.run(asyncio.to_thread(lambda: 7), 5) == 7  # the loop's own worker threads
+    finally:
+        runner.close(asyncio.sleep(0), 5)
+    assert runner.closed
+    with pytest.raises(RuntimeClosed):
+        runner.run(asyncio.sleep(0))
+
+
+def test_caller_loop_timeout_cancels_names_the_limit_and_the_loop_goes_on():
+    runner = runtime.CallerLoop()
+    cancelled = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    try:
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0\.3 s"):
+            runner.run(forever(), 0.3, what="step")
+        assert 0.3 <= time.monotonic() - start < 3 and cancelled == [True]
+        assert runner.run(asyncio.sleep(0, "again"), 5) == "again"
+    finally:
+        runner.close(asyncio.sleep(0), 5)
+
+
+def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handler():
+    runner = runtime.CallerLoop()
+    unwound = []
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.05)  # the cancellation runs through an await of its own
+            unwound.append(True)
+
+    try:
+        sigint_after(0.3)
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(slow(), 60)
+        assert time.monotonic() - start < 5 and unwound == [True]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert runner.run(asyncio.sleep(0, "after"), 5) == "after"
+    finally:
+        runner.close(asyncio.sleep(0), 5)
+
+
+def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypatch):
+    monkeypatch.setattr(runtime, "_CANCEL_GRACE", 0.5)
+    runner = runtime.CallerLoop()
+
+    async def deaf() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+
+    try:
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout):
+            runner.run(deaf(), 0.2, what="step")
+        assert time.monotonic() - start < 3
+    finally:
+        runner.close(asyncio.sleep(0), 1)
+    assert runner.closed
+
+
+def test_caller_loop_refuses_a_running_loop_and_a_second_thread():
+    runner = runtime.CallerLoop()
+    try:
+        async def inside() -> None:
+            coro = asyncio.sleep(0)
+            with pytest.raises(RuntimeError, match="areset/astep"):
+                runner.run(coro)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the refused coroutine is closed, never "never awaited"
+            asyncio.run(inside())
+        started, errors = threading.Event(), []
+
+        async def hold() -> None:
+            started.set()
+            await asyncio.sleep(0.5)
+
+        def other() -> None:
+            started.wait(5)
+            try:
+                runner.run(asyncio.sleep(0))
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        runner.run(hold(), 5)
+        thread.join(5)
+        assert len(errors) == 1 and "another thread" in str(errors[0])
+    finally:
+        runner.close(asyncio.sleep(0), 5)
+
+
+def test_caller_loop_close_from_another_thread_ends_a_hung_call():
+    runner = runtime.CallerLoop()
+    closed = []
+
+    async def closing() -> None:
+        closed.append(threading.current_thread().name)
+
+    threading.Timer(0.3, lambda: runner.close(closing(), 5)).start()
+    start = time.monotonic()
+    with pytest.raises(RuntimeClosed, match="closed while this call ran"):
+        runner.run(asyncio.sleep(3600), 60)
+    assert time.monotonic() - start < 5
+    deadline = time.monotonic() + 5
+    while not runner.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.closed and len(closed) == 1

@@ -51,6 +51,12 @@ class Adapter(abc.ABC):
     """
 
     kind: str = "base"
+    caller_thread: bool = False
+    """True when a single env may run this adapter on a loop of its own, driven by the caller's
+    thread during each call (:class:`~openenv_gym.runtime.CallerLoop`), instead of hopping to the
+    runtime loop's thread: all its work happens inside the calls, in this process (no connection
+    pool, server or background task that must go on between them), and nothing it holds is shared
+    with another env."""
 
     def __init__(self) -> None:
         self._splits: list[Split] | None = None

@@ -32,7 +32,9 @@ from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
 from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
-from openenv_gym.errors import BackendTimeout, ConfigurationError, SourceNotFound  # noqa: E402
+from openenv_gym.errors import (  # noqa: E402
+    BackendTimeout, ConfigurationError, EpisodeInterrupted, RuntimeClosed, SourceNotFound,
+)
 from openenv_gym.vector import make as make_vector  # noqa: E402
 from openenv_gym.vector.base import info_at  # noqa: E402
 from openenv_gym.wire import TaskRef  # noqa: E402
@@ -229,25 +231,32 @@ def test_unreadable_action_is_answered_without_feeding_the_library(guess):
 
 def test_close_and_reset_mid_episode_cancel_the_rollout(caplog):
     caplog.set_level(logging.ERROR, logger="asyncio")
-    others = runtime_tasks()  # episodes other tests' module fixtures keep open
     env = AgentEnv(VerifiersV0Adapter(source=CALC))
+    loop = env._own_loop._loop  # a single v0 env runs on a loop of its own (Adapter.caller_thread)
+
+    def tasks() -> set[asyncio.Task]:
+        return {t for t in asyncio.all_tasks(loop) if not t.done()}
+
     play(env, [call(("multiply", '{"a": 12, "b": 13}')), "156"], index=0)  # warm up pools
     threads, children = threading.active_count(), child_pids()
-    assert runtime_tasks() == others
+    assert tasks() == set()
 
     env.reset(options={"index": 0})
     env.step(call(("multiply", '{"a": 1, "b": 2}')))
-    (rollout,) = runtime_tasks() - others  # the library's rollout, paused in the model call
+    (rollout,) = tasks()  # the library's rollout, paused in the model call
     assert "verifiers-v0 rollout" in rollout.get_name()
     env.reset(options={"index": 1})  # a new reset mid-episode
     assert rollout.cancelled()
-    assert len(runtime_tasks() - others) == 1  # only the new episode's rollout
+    assert len(tasks()) == 1  # only the new episode's rollout
     env.step(call(("multiply", '{"a": 7, "b": 8}')))
+    (rollout,) = tasks()
     env.close()  # close mid-episode
-    assert runtime_tasks() == others
+    assert rollout.cancelled() and loop.is_closed()
     env.close()  # idempotent
     gc.collect()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 5  # the loop's idle worker threads exit on their own
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert not [r for r in caplog.records if "destroyed" in r.getMessage()]
     assert threading.active_count() <= threads and child_pids() == children
 
@@ -518,3 +527,89 @@ def test_a_verifiers_without_the_v0_api_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, "verifiers", fake)
     with pytest.raises(ConfigurationError, match=r"verifiers 0\.4 installed has no v0 API: install 'verifiers<0\.4'"):
         VerifiersV0Adapter(source=ARITH)
+
+
+# -- a single env runs on the caller's thread (Adapter.caller_thread) ---------------------------------
+
+SLOW = str(ENVS / "vf_slow_tool.py")
+
+
+def nap(seconds: float) -> dict[str, Any]:
+    return call(("nap", f'{{"seconds": {seconds}}}'))
+
+
+def test_a_single_env_runs_on_the_callers_thread_not_the_runtime_loop():
+    env = AgentEnv(VerifiersV0Adapter(source=CALC))
+    try:
+        seen = []
+        tool = env.adapter.env.tool_map["multiply"]
+        env.adapter.env.tool_map["multiply"] = lambda a, b: seen.append(threading.current_thread()) or tool(a, b)
+        play(env, [call(("multiply", '{"a": 12, "b": 13}')), "156"], index=0)
+        assert seen == [threading.current_thread()]
+    finally:
+        env.close()
+
+
+def test_step_timeout_ctrl_c_and_close_from_another_thread_end_a_running_step():
+    env = AgentEnv(VerifiersV0Adapter(source=SLOW), step_timeout=0.5)
+    try:
+        env.reset(options={"index": 0})
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0\.5 s"):
+            env.step(nap(30))
+        assert time.monotonic() - start < 5
+        with pytest.raises(EpisodeInterrupted):
+            env.step("done")
+
+        env.reset(options={"index": 0})
+        threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT)).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            env.step(nap(0.45))  # inside the step_timeout: only the Ctrl-C ends it
+        assert time.monotonic() - start < 5
+        with pytest.raises(EpisodeInterrupted):
+            env.step("done")
+        env.reset(options={"index": 0})  # the env goes on after both
+        obs, reward, terminated, _, _ = env.step(nap(0.01))
+        assert obs[0]["content"] == "rested" and not terminated
+        assert env.step("done")[1] == 1.0
+    finally:
+        env.close()
+
+    env = AgentEnv(VerifiersV0Adapter(source=SLOW), step_timeout=60)
+    env.reset(options={"index": 0})
+    threading.Timer(0.3, env.close).start()
+    start = time.monotonic()
+    with pytest.raises(RuntimeClosed):
+        env.step(nap(30))
+    assert time.monotonic() - start < 10
+    with pytest.raises(ConfigurationError, match="closed"):
+        env.reset()
+
+
+def test_areset_and_astep_work_from_any_event_loop():
+    env = AgentEnv(VerifiersV0Adapter(source=CALC))
+
+    async def episode() -> float:
+        await env.areset(options={"index": 1})
+        await env.astep(call(("multiply", '{"a": 7, "b": 8}')))
+        return float((await env.astep("56"))[1])
+
+    try:
+        assert asyncio.run(episode()) == 1.0
+        assert runtime.run_sync(episode(), 60) == 1.0  # the runtime loop's thread too
+    finally:
+        env.close()
+
+
+def test_a_forgotten_close_of_a_single_env_leaves_no_task_or_thread():
+    env = AgentEnv(VerifiersV0Adapter(source=SLOW))
+    env.reset(options={"index": 0})
+    loop = env._own_loop._loop
+    (rollout,) = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    del env
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while not loop.is_closed() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert loop.is_closed() and rollout.cancelled()
