@@ -258,3 +258,50 @@ def test_caller_loop_close_from_another_thread_ends_a_hung_call():
     while not runner.closed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert runner.closed and len(closed) == 1
+
+
+# -- Deadlines: within() for many calls, one timer --------------------------------------------------
+
+def test_deadlines_time_out_each_call_by_its_own_deadline_and_leave_the_rest_alone():
+    async def scenario() -> list:
+        deadlines = runtime.Deadlines()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def op(seconds: float, limit: float) -> tuple:
+            try:
+                await deadlines.within(asyncio.sleep(seconds), limit, "the sub-env's step")
+                return ("done", round(loop.time() - start, 1))
+            except BackendTimeout as exc:
+                return (str(exc), round(loop.time() - start, 1))
+
+        # later deadlines first, so the timer must re-arm for an earlier one
+        out = await asyncio.gather(op(0.1, 5.0), op(2.0, 0.6), op(2.0, 0.3), op(0.05, 0.3))
+        # a cancel from outside passes through as a cancel, not a timeout
+        task = asyncio.ensure_future(deadlines.within(asyncio.sleep(5), 5.0, "x"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadlines.cancel()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out[0] == ("done", 0.1) and out[3][0] == "done"
+    assert out[1] == ("the sub-env's step did not finish within step_timeout=0.6 s", 0.6)
+    assert out[2] == ("the sub-env's step did not finish within step_timeout=0.3 s", 0.3)
+
+
+def test_deadlines_a_call_that_finished_leaves_no_cancel_behind_when_the_timer_fires_late():
+    async def scenario() -> str:
+        deadlines = runtime.Deadlines()
+
+        async def busy() -> str:
+            time.sleep(0.2)  # blocks the loop past the deadline, then finishes without awaiting
+            return "finished"
+
+        got = await deadlines.within(busy(), 0.1, "step")
+        await asyncio.sleep(0.2)  # a stale cancel would land here
+        return got
+
+    assert asyncio.run(scenario()) == "finished"

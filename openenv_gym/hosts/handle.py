@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from openenv_gym.errors import HostDied
-from openenv_gym.vector.ops import Op, Result
+from openenv_gym.vector.ops import Result
 from openenv_gym.wire import ToolSpec
 
 __all__ = ["Handle", "HostDied"]
@@ -35,10 +35,18 @@ class Handle(abc.ABC):
     async def start(self) -> list[ToolSpec]:
         """Start the host's adapters; the tools every task offers."""
 
+    def begin(self, data: bytes) -> Any:
+        """Start running the ops ``data`` holds from the caller's thread, if this kind of host
+        can (a Ray call can be made from any thread); what :meth:`run` then awaits, or ``None``
+        (the default: :meth:`run` starts the call itself, on the loop)."""
+        return None
+
     @abc.abstractmethod
-    async def run(self, ops: list[Op], deliver: Callable[[Result], None]) -> None:
-        """Run ``ops``, handing each result to ``deliver`` (as each finishes, or all at the end);
-        returns when all are done. Cancelled ops get no result."""
+    async def run(self, data: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
+        """Run the ops ``data`` holds (:func:`~openenv_gym.vector.ops.encode_ops`), or await the
+        call :meth:`begin` made for them (``begun``), handing each result to ``deliver`` (as
+        each finishes, or all at the end); returns when all are done. Cancelled ops get no
+        result."""
 
     @abc.abstractmethod
     def cancel(self, requests: list[tuple[int, int]]) -> None:

@@ -31,7 +31,7 @@ from openenv_gym.errors import ConfigurationError, HostDied, OpenEnvGymError, fr
 from openenv_gym.hosts.handle import Handle
 from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
 from openenv_gym.hosts.shard import decode_tools
-from openenv_gym.vector.ops import Op, Result, decode_results, encode_ops
+from openenv_gym.vector.ops import Result, decode_results
 from openenv_gym.wire import ToolSpec
 
 __all__ = ["HostProcess", "ProcessHandle", "START_TIMEOUT", "spawn", "init_body", "init_failed", "gone_message",
@@ -195,12 +195,12 @@ class ProcessHandle(Handle):
             await self.process.open()
         return decode_tools(await self.process.request("start"))
 
-    async def run(self, ops: list[Op], deliver: Callable[[Result], None]) -> None:
+    async def run(self, data: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
         def stream(body: bytes) -> None:
             for result in decode_results(body):
                 deliver(result)
 
-        rest = await self.process.request("run", encode_ops(ops), stream)
+        rest = await self.process.request("run", data, stream)
         if rest:  # the results the reply carries (all of a one-op run's)
             stream(rest)
 

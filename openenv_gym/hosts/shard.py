@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from openenv_gym.adapters.base import Adapter, AdapterSpec
+from openenv_gym.runtime import Deadlines
 from openenv_gym.session import EnvSession
 from openenv_gym.vector.ops import (
     Op, Result, call_each, decode_ops, encode_results, error_dict, failed, run_op,
@@ -79,6 +80,7 @@ class EnvHost:
         self._split, self._max_turns = split, max_turns
         self._num_adapters = max(1, math.ceil(len(self._ids) / max(1, envs_per_client)))
         self._step_timeout = step_timeout
+        self._deadlines = Deadlines()  # every op's step_timeout, one timer
         self._adapters: list[Adapter] = []
         self._sessions: dict[int, EnvSession] = {}
         self._tools: list[ToolSpec] = []
@@ -187,7 +189,7 @@ class EnvHost:
             self._lost.discard(op.env_id)
             wrapped = None if self._wrapped is None else (
                 self._wrapped, self._wrapped.stack(op.env_id, session, self._tools))
-            return await run_op(session, op, self._step_timeout, wrapped)
+            return await run_op(session, op, self._step_timeout, wrapped, self._deadlines)
         except Exception as exc:  # a bug rather than a backend failure: still only this sub-env
             return failed(op, error_dict(exc))
 
@@ -224,6 +226,7 @@ class EnvHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._deadlines.cancel()
         if self._wrapped is not None:
             self._wrapped.close()  # wrappers flush what they write (RecordEpisodes)
         sessions, self._sessions = list(self._sessions.values()), {}

@@ -4,7 +4,8 @@
 ``median`` seconds, shape ``sigma``), the shape of real LLM-environment step times, where most
 steps are quick and a few are very slow. It isolates what a vector env's batching strategy
 gains (first-ready ``recv`` against lockstep ``step``) from any backend cost. Episodes last
-``turns`` steps and end with reward 1.
+``turns`` steps and end with reward 1. With ``median=0`` a step costs nothing at all (it yields to
+the loop once), so a step's time is the machinery around it: what a vector env adds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _instances = itertools.count()
 
 
 class LatencyAdapter(Adapter):
-    """Steps sleep ``lognormal(log(median), sigma)`` seconds; ``turns`` steps an episode."""
+    """Steps sleep ``lognormal(log(median), sigma)`` seconds (``median=0``: no time); ``turns`` steps an episode."""
 
     kind = "latency"
 
@@ -59,6 +60,8 @@ class LatencyAdapter(Adapter):
         return {"id": f"{split}-{index}"}
 
     def delay(self) -> float:
+        if self.median <= 0:
+            return 0.0
         return float(self.rng.lognormal(np.log(self.median), self.sigma))
 
 

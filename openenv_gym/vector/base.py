@@ -175,6 +175,9 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         """Results dropped because they answered a request that was no longer current."""
         self._subs = [SubEnv() for _ in range(num_envs)]
         self._arrivals: dict[int, None] = {}  # sub-envs with an uncollected result, in arrival order
+        # Results the caller's thread received itself (a lockstep step of hosts it can wait on),
+        # delivered on the loop by the next wait: one hop carries them and the wait together.
+        self._handed_over: list[Result] = []
         self._arrived: asyncio.Event | None = None
         self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
@@ -288,6 +291,10 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
     async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[int]:
         """Wait until ``count`` results are ready (from ``env_ids`` if given); their ids, first-ready
         first. The results stay in place until :meth:`_collect` takes them."""
+        if self._handed_over:
+            handed, self._handed_over = self._handed_over, []
+            for result in handed:
+                self._deliver(result)
         if self._arrived is None:
             self._arrived = asyncio.Event()
         loop = asyncio.get_running_loop()

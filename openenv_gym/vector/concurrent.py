@@ -65,6 +65,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._max_in_flight = max_in_flight
         self._sem: asyncio.Semaphore | None = None
+        self._deadlines = runtime.Deadlines()  # every op's step_timeout, one timer
         shards = max(1, math.ceil(num_envs / max(1, envs_per_client)))
         tools = runtime.run_sync(self._start(num_envs, shards))
         self._tools = list(tools)
@@ -117,10 +118,10 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         session = self._sessions[op.env_id]
         wrapped = None if self._wrapped is None else (self._wrapped, self._wrapped.stack(op.env_id, session, self._tools))
         if self._sem is None:
-            result = await run_op(session, op, self.step_timeout, wrapped)
+            result = await run_op(session, op, self.step_timeout, wrapped, self._deadlines)
         else:
             async with self._sem:
-                result = await run_op(session, op, self.step_timeout, wrapped)
+                result = await run_op(session, op, self.step_timeout, wrapped, self._deadlines)
         if self._tasks.get(op.env_id) is asyncio.current_task():
             del self._tasks[op.env_id]
         self._deliver(result)
@@ -140,6 +141,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
 
     async def _aclose_backend(self) -> None:
         await self._cancel(list(self._tasks))
+        self._deadlines.cancel()
         if self._wrapped is not None:
             self._wrapped.close()
         await asyncio.gather(*(s.aclose() for s in self._sessions), return_exceptions=True)

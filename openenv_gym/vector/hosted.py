@@ -7,9 +7,10 @@ The driver logic every out-of-process backend shares, written once over
   :class:`~openenv_gym.hosts.shard.EnvHost` running its sub-envs' episodes concurrently. A
   ``send`` makes one call per shard, whatever the number of sub-envs in it.
 * **Parsed actions.** Actions are parsed here: a raw action may hold what msgpack cannot carry (a
-  lone surrogate, a huge int, deep nesting), while a parsed turn always encodes, and its problems
-  reach the agent as messages, as in a single env. Under sub-env wrappers the action is theirs
-  to read, so it goes as it is (arrays as lists).
+  lone surrogate, a huge int, deep nesting) or would change in transit (a set arrives as a
+  list), while a parsed turn always encodes, and its problems reach the agent as messages, as
+  in a single env. Under sub-env wrappers the action is theirs to read, so it goes as it is
+  (arrays as lists).
 * **Fault model.** An op that fails inside a host is already a truncated result with ``error``.
   If the *host* dies or stops answering (a call longer than ``3 * step_timeout + 30`` s), every
   unanswered op of the call gets a truncated result with ``info["error"]``, and the host is
@@ -22,17 +23,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from openenv_gym import runtime
 from openenv_gym.actions import parse_action
 from openenv_gym.errors import BackendTimeout, HostDied
 from openenv_gym.hosts.handle import Handle
 from openenv_gym.vector.base import AgentVectorEnv
-from openenv_gym.vector.ops import Op, Result, encode_ops, error_dict, failed
+from openenv_gym.vector.ops import Op, Result, decode_results, encode_ops, error_dict, failed
 from openenv_gym.wire import ToolSpec
 
 __all__ = ["HostedVectorEnv", "START_TIMEOUT", "default_shards"]
@@ -41,6 +43,9 @@ START_TIMEOUT = 600.0
 """Seconds the hosts of a new env may take to start (a process or actor, plus the adapters' start)."""
 _CLOSE_TIMEOUT = 30.0
 _TIMEOUT_MARGIN = 30.0
+_HELD_WAIT = 1.0
+"""Seconds a lockstep ``step`` waits for its calls on the caller's thread before handing them to
+the loop (a slower step loses nothing by the hand-over, a fast one saves two thread wake-ups)."""
 
 
 def _first_line(exc: BaseException, limit: int = 500) -> str:
@@ -49,12 +54,13 @@ def _first_line(exc: BaseException, limit: int = 500) -> str:
 
 
 class _Call:
-    """One ``run`` in flight: the shard, the handle it went to, its ops, which were answered."""
+    """One ``run`` in flight: the shard, the handle it went to, its ops (and their encoding),
+    which were answered."""
 
-    __slots__ = ("shard", "handle", "ops", "answered", "task")
+    __slots__ = ("shard", "handle", "ops", "data", "begun", "answered", "task")
 
-    def __init__(self, shard: int, handle: Handle, ops: list[Op]):
-        self.shard, self.handle, self.ops = shard, handle, ops
+    def __init__(self, shard: int, handle: Handle, ops: list[Op], data: bytes, begun: Any = None):
+        self.shard, self.handle, self.ops, self.data, self.begun = shard, handle, ops, data, begun
         self.answered: set[int] = set()
         self.task: asyncio.Task[None] | None = None
 
@@ -70,6 +76,8 @@ class HostedVectorEnv(AgentVectorEnv):
     _env_wrappers: list[Any]
 
     def _init_hosts(self, step_timeout: float | None) -> None:
+        self._hold = False  # set by step(): _dispatch leaves the calls to it (see _wait_held)
+        self._held: tuple[list[tuple[int, list[Op], bytes]], list[Any]] | None = None
         self._step_timeout = step_timeout
         self._call_timeout = None if step_timeout is None else 3 * step_timeout + _TIMEOUT_MARGIN
         self._handles: list[Handle] = []
@@ -109,39 +117,134 @@ class HostedVectorEnv(AgentVectorEnv):
         return len(self._shards)
 
     # -- ops ---------------------------------------------------------------------------------------
+    def _dispatch(self, ops: list[Op]) -> None:
+        # Parsing and encoding happen on the caller's thread, and so does starting each call
+        # where the host allows it (Ray), shard by shard: the first host is at work while the
+        # next shard's actions are parsed. Following the calls up needs the loop, and that is
+        # posted, not waited for: a lockstep step costs one hop to the loop, not two.
+        failures: list[Result] = []
+        calls, begun = [], []
+        for call in self._prepare(ops, failures):
+            calls.append(call)
+            begun.append(self._begin(call[0], call[2]))
+        if self._hold and calls and not failures and all(b is not None for b in begun):
+            self._held = (calls, begun)  # step() waits for them itself (see _wait_held)
+            return
+        runtime.post(self._launch, calls, failures, begun)
+
+    # -- lockstep steps --------------------------------------------------------------------------
+    def step(self, actions: Any) -> Any:
+        """:meth:`AgentVectorEnv.step`; where the hosts allow it (Ray), the caller's thread waits
+        for the step's calls itself (see :meth:`_wait_held`)."""
+        self._hold = True
+        try:
+            self.step_async(actions)
+        finally:
+            self._hold = False
+        return self.step_wait()
+
+    def step_wait(self, timeout: float | None = None) -> Any:
+        held, self._held = self._held, None
+        if held is not None:
+            with self._one_caller("step_wait"):
+                self._wait_held(held, timeout)
+        return super().step_wait(timeout)
+
+    def _wait_held(self, held: tuple[list[tuple[int, list[Op], bytes]], list[Any]], timeout: float | None) -> None:
+        """Wait for a lockstep step's calls on the caller's thread, then hand their results to
+        the loop in one hop; awaited on the loop, each answer would cost two thread wake-ups
+        more (the host library's thread, then the loop's).
+
+        Whatever is not settled here (not answered within :data:`_HELD_WAIT` s, a failed call,
+        Ctrl-C) goes to the loop as an ordinary call, which reports it as any other: a dead
+        host is replaced, an interrupted step loses nothing."""
+        calls, begun = held
+        results: list[Result] | None = None
+        try:
+            answers = self._wait_begun(begun, _HELD_WAIT if timeout is None else min(timeout, _HELD_WAIT))
+            if answers is not None:
+                results = [r for data in answers for r in decode_results(data)]
+        except Exception:  # noqa: BLE001 - an answer that does not decode: the loop's call reports it
+            results = None
+        except BaseException:
+            runtime.post(self._launch, calls, [], begun)
+            raise
+        if results is None:
+            runtime.post(self._launch, calls, [], begun)
+        else:
+            self._handed_over = results  # the wait that follows delivers them on the loop
+
+    def _wait_begun(self, begun: list[Any], limit: float) -> list[bytes] | None:
+        """The answers (encoded results) of calls :meth:`Handle.begin` started, waited for on the
+        caller's thread for up to ``limit`` s; ``None`` if they are not all in by then or one
+        failed (the default: hosts whose calls only the loop can follow)."""
+        return None
+
+
     async def _execute(self, ops: list[Op]) -> None:
+        failures: list[Result] = []
+        calls = list(self._prepare(ops, failures))
+        self._launch(calls, failures)
+
+    def _begin(self, shard: int, data: bytes) -> Any:
+        handle = self._handles[shard]
+        if id(handle) in self._starts:  # a replacement still starting: the call waits for it
+            return None
+        try:
+            return handle.begin(data)
+        except Exception:  # noqa: BLE001 - the call made from the loop reports the failure
+            return None
+
+    def _prepare(self, ops: list[Op], failures: list[Result]) -> Iterator[tuple[int, list[Op], bytes]]:
+        """The calls to make, ``(shard, ops, encoded ops)``, one shard at a time (any thread):
+        the actions parsed, the ops encoded. Ops that cannot be encoded (an action holding an
+        arbitrary object, under sub-env wrappers) fail alone, their results put in ``failures``."""
         groups: dict[int, list[Op]] = {}
         n = len(self._shards)
         for op in ops:
-            if op.action is not None and not self._env_wrappers:
-                op.turn, op.action = parse_action(op.action), None
-            elif isinstance(op.action, np.ndarray):
-                op.action = op.action.tolist()
             groups.setdefault(op.env_id % n, []).append(op)
-        loop = asyncio.get_running_loop()
         for shard, shard_ops in groups.items():
+            for op in shard_ops:
+                if op.action is not None and not self._env_wrappers:
+                    op.turn, op.action = parse_action(op.action), None
+                elif isinstance(op.action, np.ndarray):
+                    op.action = op.action.tolist()
             try:
-                encode_ops(shard_ops)
-            except (TypeError, ValueError, msgspec.EncodeError):
-                shard_ops = self._drop_unencodable(shard_ops)
+                data = encode_ops(shard_ops)
+            except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+                shard_ops = self._drop_unencodable(shard_ops, failures)
                 if not shard_ops:
                     continue
-            call = _Call(shard, self._handles[shard], shard_ops)
+                data = encode_ops(shard_ops)
+            yield shard, shard_ops, data
+
+    def _launch(self, calls: list[tuple[int, list[Op], bytes]], failures: list[Result],
+                begun: list[Any] | None = None) -> None:
+        """Start (or follow up, ``begun``) one call per shard, on the loop; deliver the ops that
+        could not be sent."""
+        for result in failures:
+            self._deliver(result)
+        if self.closed:  # closed between the send and this: nothing may start any more
+            return
+        loop = asyncio.get_running_loop()
+        for k, (shard, shard_ops, data) in enumerate(calls):
+            call = _Call(shard, self._handles[shard], shard_ops, data, None if begun is None else begun[k])
             call.task = loop.create_task(self._await_call(call))
             self._calls.add(call)
             for op in shard_ops:
                 self._in_flight[op.env_id] = call
 
-    def _drop_unencodable(self, ops: list[Op]) -> list[Op]:
-        """Answer the ops that cannot be encoded (e.g. an action holding an arbitrary object)."""
+    @staticmethod
+    def _drop_unencodable(ops: list[Op], failures: list[Result]) -> list[Op]:
+        """The ops that can be encoded; the others' failed results go to ``failures``."""
         ok = []
         for op in ops:
             try:
                 encode_ops([op])
                 ok.append(op)
-            except (TypeError, ValueError, msgspec.EncodeError) as exc:
-                self._deliver(failed(op, {"type": "EncodeError",
-                                          "message": f"the op cannot be sent to its host: {exc}"}))
+            except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+                failures.append(failed(op, {"type": "EncodeError",
+                                            "message": f"the op cannot be sent to its host: {exc}"}))
         return ok
 
     async def _await_call(self, call: _Call) -> None:
@@ -157,10 +260,10 @@ class HostedVectorEnv(AgentVectorEnv):
                 # counts from when it is up. A failed start shows up on the call itself.
                 await asyncio.wait([start], timeout=START_TIMEOUT)
             if self._call_timeout is None:
-                await handle.run(call.ops, deliver)
+                await handle.run(call.data, deliver, call.begun)
             else:
                 async with asyncio.timeout(self._call_timeout):
-                    await handle.run(call.ops, deliver)
+                    await handle.run(call.data, deliver, call.begun)
         except asyncio.CancelledError:
             raise
         except HostDied as exc:

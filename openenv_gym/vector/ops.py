@@ -18,7 +18,8 @@ import msgspec
 
 from openenv_gym.actions import Turn
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.runtime import within
+from openenv_gym.runtime import Deadlines
+from openenv_gym.runtime import within as _within
 from openenv_gym.session import EnvSession
 from openenv_gym.wire import Message, decode_with
 
@@ -73,14 +74,17 @@ def failed(op: Op, error: dict[str, Any]) -> Result:
     return Result(op.env_id, op.req_id, [], 0.0, False, True, {"error": error}, error=error)
 
 
-async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrapped: Any = None) -> Result:
+async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrapped: Any = None,
+                 deadlines: Deadlines | None = None) -> Result:
     """Execute ``op`` on ``session``; failures and timeouts become ``Result.error``.
 
     ``step_reset`` is SAME_STEP autoreset done where the env lives, so it costs one round trip:
     the step's final observation and info go into ``info["final_obs"]``/``info["final_info"]``
     and the returned observation is the next episode's first. ``wrapped``: ``(SubEnvWrappers,
     env)``, the sub-env's wrapper stack over ``session``, which then takes every reset and step.
+    ``deadlines``: the caller's shared timer for ``timeout`` (many ops in flight at once).
     """
+    within = _within if deadlines is None else deadlines.within
     if wrapped is None:
         reset: Any = session.reset
         step: Any = session.step

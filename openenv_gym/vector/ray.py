@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ from openenv_gym.hosts.shard import EnvHost, decode_tools
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.vector.hosted import START_TIMEOUT as _START_TIMEOUT, HostedVectorEnv, default_shards
-from openenv_gym.vector.ops import Op, Result, decode_results, encode_ops
+from openenv_gym.vector.ops import Result, decode_results
 from openenv_gym.vector.wrapped import check_wrappers
 from openenv_gym.wire import ToolSpec
 
@@ -107,9 +108,14 @@ class RayHandle(Handle):
     async def start(self) -> list[ToolSpec]:
         return decode_tools(await self._await(self.actor.start.remote()))
 
-    async def run(self, ops: list[Op], deliver: Callable[[Result], None]) -> None:
+    def begin(self, data: bytes) -> Any:
+        # Submitting from the caller's thread starts the actor's work without waiting for the
+        # runtime loop to wake up and take the call; only awaiting the answer needs the loop.
+        return self.actor.run.remote(data)
+
+    async def run(self, data: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
         try:
-            data = await self._await(self.actor.run.remote(encode_ops(ops)))
+            data = await self._await(begun if begun is not None else self.actor.run.remote(data))
         except ray_errors.TaskCancelledError:
             return  # Ray cancelled the task (a cancel overtook it): no results
         for result in decode_results(data):
@@ -346,6 +352,20 @@ class RayVectorEnv(RedactedSpec, HostedVectorEnv):
 
     def _start_hint(self) -> str:
         return f" (is the cluster short of the resources asked for by actor_options={self._options}?)"
+
+    def _wait_begun(self, begun: list[Any], limit: float) -> list[bytes] | None:
+        deadline = time.monotonic() + limit
+        pending = list(begun)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            # In slices, so Ctrl-C is seen; the answers are fetched with the wait.
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.1, left))
+        try:
+            return ray.get(begun)
+        except Exception:  # noqa: BLE001 - the loop's call reports it (a dead actor is replaced there)
+            return None
 
     def _release(self) -> None:
         """Shut Ray down if this env started it (and is its last user)."""

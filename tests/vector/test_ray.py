@@ -395,6 +395,32 @@ def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
         envs.close()
 
 
+def test_an_interrupted_lockstep_step_loses_no_result(cluster):
+    """``step()`` waits for its actors' answers on the caller's thread; Ctrl-C there hands the
+    calls to the runtime loop, so the results arrive for the next ``recv``, as after a ``recv``."""
+    import threading
+
+    probe = str(Path(__file__).parents[1] / "envs" / "ors_probe.py")
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=2, source=probe, env_class="Probe", backend="ray",
+                        vector_options={"num_actors": 2})
+    try:
+        envs.reset(seed=0)
+        threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT)).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            envs.step([call("slow", {"seconds": 0.8}), call("slow", {"seconds": 0.8})])
+        assert time.monotonic() - start < 0.8  # seen within a wait slice, not at the step's end
+        batch = envs.recv(timeout=30)
+        assert sorted(batch.env_ids.tolist()) == [0, 1]
+        assert [o[0]["content"] for o in batch.obs] == ["slept", "slept"]
+        # and a step longer than the caller's own wait is followed up by the loop
+        obs, _, _, truncated, _ = envs.step([call("slow", {"seconds": 1.5}), call("hint", {})])
+        assert [o[0]["content"] for o in obs] == ["slept", "Think step by step."] and not truncated.any()
+        assert envs.late_results == 0
+    finally:
+        envs.close()
+
+
 def alive_hosts():
     return {a["ActorID"] for a in ray._private.state.actors().values()
             if a["State"] != "DEAD" and a.get("ActorClassName", "").endswith("EnvHost")}
