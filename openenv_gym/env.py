@@ -164,12 +164,16 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     @contextlib.contextmanager
     def _one_caller(self, what: str) -> Iterator[None]:
         if not self._busy.acquire(blocking=False):
-            raise ConcurrentUse(f"{what}() was called while another call on this env is running (from "
-                                "another thread?); an env serves one caller at a time")
+            raise self._concurrent(what)
         try:
             yield
         finally:
             self._busy.release()
+
+    @staticmethod
+    def _concurrent(what: str) -> ConcurrentUse:
+        return ConcurrentUse(f"{what}() was called while another call on this env is running (from "
+                             "another thread?); an env serves one caller at a time")
 
     # -- task API (trainer side) ---------------------------------------------------------------
     def splits(self) -> list[Split]:
@@ -251,10 +255,18 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         >>> obs[0]["role"], obs[0]["content"], reward                   # doctest: +SKIP
         ('tool', '4', 0.0)
         """
-        with self._one_caller("step"):
+        # _one_caller's work, inline: a generator-based context manager costs more than the rest
+        # of this method
+        if not self._busy.acquire(blocking=False):
+            raise self._concurrent("step")
+        try:
             self._check_open()
             self._session.check_steppable()
-            return self._call("step", action)
+            if self._hosted is not None:
+                return self._hosted.step(action)
+            return self._run_on(self._session.step(action), self.step_timeout, what="step")
+        finally:
+            self._busy.release()
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -27,6 +27,7 @@ import concurrent.futures
 import os
 import random
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -548,7 +549,7 @@ class CallerLoop:
         if threading.get_ident() == _MAIN_THREAD and _signal.getsignal(_SIGINT) is signal.default_int_handler:
             restore = _signal.signal(_SIGINT, self._on_sigint)
         try:
-            loop.run_until_complete(task)
+            _drive(loop, task)
         except asyncio.CancelledError:
             if self._why is None:  # cancelled by close() from another thread
                 raise RuntimeClosed("the environment was closed while this call ran") from None
@@ -559,7 +560,7 @@ class CallerLoop:
             if self._why is None and not task.done():
                 self._cut("interrupt")
                 with contextlib.suppress(BaseException):
-                    loop.run_until_complete(task)
+                    _drive(loop, task)
             raise
         finally:
             if restore is not None:
@@ -658,6 +659,33 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+def _drive(loop: asyncio.AbstractEventLoop, task: asyncio.Task[T]) -> T:
+    """``loop.run_until_complete(task)`` without its per-call set-up and its last iteration
+    (the one that only runs the done-callback stopping the loop): the loop's own iterations, run
+    until ``task`` is done. What ``run_forever`` sets for its duration is set here too (the running
+    loop, the async-generator hooks). A loop without ``_run_once`` (not asyncio's) is run the
+    ordinary way."""
+    run_once = getattr(loop, "_run_once", None)
+    if run_once is None:
+        return loop.run_until_complete(task)
+    if loop.is_running():
+        raise RuntimeError("this event loop is already running")
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(firstiter=loop._asyncgen_firstiter_hook,  # type: ignore[attr-defined]
+                           finalizer=loop._asyncgen_finalizer_hook)  # type: ignore[attr-defined]
+    asyncio.events._set_running_loop(loop)
+    try:
+        while not task.done():
+            run_once()
+            if loop._stopping:  # type: ignore[attr-defined]  # loop.stop(): the cancel grace ran out
+                loop._stopping = False  # type: ignore[attr-defined]
+                raise RuntimeError("Event loop stopped before Future completed.")
+    finally:
+        asyncio.events._set_running_loop(None)
+        sys.set_asyncgen_hooks(*hooks)
+    return task.result()
 
 
 def _nothing() -> None:
