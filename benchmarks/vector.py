@@ -4,7 +4,8 @@ Sections (``--only`` picks some):
 
 * ``collapse``: ConcurrentVectorEnv on the Arithmetic ORS server at 8, 128 and 1,024 sub-envs
   (each size in its own fresh process, interleaved over repetitions); env-steps/sec at 128 and
-  1,024 against 8 (target >= 0.8 each), and peak RSS at 1,024.
+  1,024 against 8 (target >= 0.8 each), the client's CPU per env-step at 1,024 against 8, with
+  Python's garbage-collection defaults and after ``openenv_gym.tune_gc()``, and peak RSS at 1,024.
 * ``client``: ConcurrentVectorEnv at 64 sub-envs against an aiohttp reference client (one shared
   session, the same calls to the same server), in env-steps/sec (target >= 0.90), and the client CPU per
   env-step of openenv_gym, the aiohttp reference and a raw httpx loop (this process's CPU time over env-steps).
@@ -38,10 +39,14 @@ TURNS = 8
 
 
 # -- one ConcurrentVectorEnv measurement (run in a child process for collapse) -------------------------
-def concurrent_steps_per_sec(num_envs: int, seconds: float, url: str | None = None) -> dict[str, float]:
+def concurrent_steps_per_sec(num_envs: int, seconds: float, url: str | None = None,
+                             tuned: bool = False) -> dict[str, float]:
     import gymnasium as gym
 
-    import openenv_gym  # noqa: F401
+    import openenv_gym
+
+    if tuned:
+        openenv_gym.tune_gc()
 
     kwargs: dict[str, Any] = {"max_turns": TURNS}
     env_id = "openenv/Arithmetic-v0"
@@ -74,8 +79,9 @@ def _infos(batch: Any) -> list[dict[str, Any]]:
     return [info_at(batch.infos, k) for k in range(len(batch.env_ids))]
 
 
-def _child(num_envs: int, seconds: float, url: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--child", str(num_envs), str(seconds), url],
+def _child(num_envs: int, seconds: float, url: str, tuned: bool = False) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--child", str(num_envs), str(seconds), url]
+                         + (["tuned"] if tuned else []),
                          capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -94,11 +100,12 @@ def _server() -> tuple[Any, str]:
 def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:
     env, url = _server()
     try:
-        runs: dict[int, list[dict[str, float]]] = {8: [], 128: [], 1024: []}
+        runs: dict[Any, list[dict[str, float]]] = {8: [], 128: [], 1024: [], "1024 tuned": []}
         for r in range(reps):
             for n in runs:
-                runs[n].append(_child(n, seconds, url))
-                print(f"  collapse rep {r}: {n:5d} sub-envs {runs[n][-1]['steps_per_sec']:8.1f} env-steps/s, "
+                size = 1024 if n == "1024 tuned" else n
+                runs[n].append(_child(size, seconds, url, tuned=n == "1024 tuned"))
+                print(f"  collapse rep {r}: {n!s:>10} sub-envs {runs[n][-1]['steps_per_sec']:8.1f} env-steps/s, "
                       f"client CPU {runs[n][-1]['cpu_us_per_step']:5.0f} us/step (peak RSS {runs[n][-1]['peak_rss_mib']:.0f} MiB)")
     finally:
         env.close()
@@ -106,6 +113,7 @@ def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:
     cpu = {n: [x["cpu_us_per_step"] for x in v] for n, v in runs.items()}
     return {"steps_per_sec": per, "cpu_us_per_step": cpu,
             "cpu_ratios_1024_to_8": [a / b for a, b in zip(cpu[1024], cpu[8])],
+            "cpu_ratios_1024_tuned_to_8": [a / b for a, b in zip(cpu["1024 tuned"], cpu[8])],
             "ratios_128_to_8": [a / b for a, b in zip(per[128], per[8])],
             "ratios_1024_to_8": [a / b for a, b in zip(per[1024], per[8])],
             "peak_rss_mib_1024": [x["peak_rss_mib"] for x in runs[1024]]}
@@ -285,7 +293,8 @@ def main() -> None:
     from figures import figure, write
 
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(concurrent_steps_per_sec(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])))
+        print(json.dumps(concurrent_steps_per_sec(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4],
+                                                  tuned=sys.argv[5:] == ["tuned"])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="collapse,client,first_ready,wire")  # Ray: benchmarks/ray_bench.py
@@ -313,6 +322,8 @@ def main() -> None:
         figures.append(figure("ConcurrentVectorEnv 1,024 vs 8 sub-envs", c["ratios_1024_to_8"], target=0.8))
         figures.append(figure("client CPU per env-step, 1,024 vs 8 sub-envs (the client's own scaling)",
                               c["cpu_ratios_1024_to_8"], higher_is_better=False, target=1.25))
+        figures.append(figure("client CPU per env-step, 1,024 with openenv_gym.tune_gc() vs 8 sub-envs",
+                              c["cpu_ratios_1024_tuned_to_8"], higher_is_better=False, target=1.25))
         figures.append(figure("peak RSS at 1,024 sub-envs", c["peak_rss_mib_1024"], unit="MiB", higher_is_better=False))
     for f in figures:
         target = "" if f["target"] is None else f"   target {'>=' if f['higher_is_better'] else '<='} {f['target']:g}"

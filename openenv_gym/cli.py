@@ -119,8 +119,11 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
+    from openenv_gym.adapters.ors_serve import tune_gc
     from openenv_gym.registration import check_id
     from openenv_gym.rollout import collect
+
+    tune_gc()  # this process steps many sub-envs and nothing else
 
     check_id(args.id)
     policy: object = "random"

@@ -305,3 +305,30 @@ def test_deadlines_a_call_that_finished_leaves_no_cancel_behind_when_the_timer_f
         return got
 
     assert asyncio.run(scenario()) == "finished"
+
+
+def test_tune_gc_collects_less_often_but_still_frees_garbage_cycles():
+    """Run in a child: it changes the process's collector for good."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import gc, weakref
+        import openenv_gym
+        openenv_gym.tune_gc()
+        from openenv_gym.adapters.ors_serve import GC_THRESHOLDS
+        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+        freed = []
+        class Node: pass
+        for i in range(200_000):  # cycles and other garbage, well past the young threshold
+            a, b = Node(), Node()
+            a.b, b.a = b, a
+            if i % 1000 == 0:
+                weakref.finalize(a, freed.append, i)
+            del a, b
+        assert len(freed) > 150, len(freed)  # collected without any gc.collect()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

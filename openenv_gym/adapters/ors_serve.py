@@ -17,7 +17,7 @@ What the child does, and why:
   its SDK's ``Server``; ``--app module:attr`` serves an app as it is (an OpenEnv environment's
   ``server.app:app``), imported with ``--root`` first on ``sys.path``.
 * **Serves the protocol only.** FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are removed.
-* **Collects garbage less often** (see ``_tune_gc``): with many sessions in flight, Python's
+* **Collects garbage less often** (see ``tune_gc``): with many sessions in flight, Python's
   default thresholds cost the server half its throughput.
 * **Keeps its log bounded.** The SDK's per-request log lines are turned off (log level WARNING
   unless the user set one) and everything written to stdout/stderr goes to
@@ -323,23 +323,27 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
         served, timeout_keep_alive=60, access_log=False, log_level="warning", backlog=4096,
         timeout_graceful_shutdown=2,
     )
-    _tune_gc()
+    tune_gc()
     uvicorn.Server(config).run(sockets=[sock])
 
 
 GC_THRESHOLDS = (50_000, 20, 100)
-"""The server's garbage-collection thresholds (Python's defaults: 700, 10, 10)."""
+"""What :func:`tune_gc` sets (Python's defaults: 700, 10, 10)."""
 
 
-def _tune_gc() -> None:
-    """Collect garbage far less often than Python's defaults, once the app is loaded.
+def tune_gc() -> None:
+    """Collect garbage far less often than Python's defaults, from now on.
 
-    A server with many sessions in flight holds many young objects (each request's frames,
+    A process with many sessions in flight holds many young objects (each request's frames,
     tasks and buffers; the SDKs keep each finished tool call for a minute), and with the default
-    thresholds the collector walks them again every few hundred allocations: served from one
-    process, 128 sub-envs stepped at about half the rate of 8 (benchmarks/vector.py, "collapse").
-    What the app loaded is frozen out of every collection, and the collections come about 70
-    times less often; the garbage cycles wait a little longer, which a server can afford.
+    thresholds the collector walks them again every few hundred allocations. Served from one
+    process, 128 sub-envs stepped at about half the rate of 8 (benchmarks/vector.py,
+    "collapse"); a client of 1,024 sub-envs spends half as much again per env-step as one of 8.
+    What the process has loaded so far is frozen out of every collection, and collections come
+    about 70 times less often; garbage cycles wait a little longer, which such a process can
+    afford. Every server the package starts calls this once its app is loaded; a training
+    process that steps hundreds of sub-envs may call it too (``openenv_gym.tune_gc()``; the
+    rollout command does).
     """
     import gc
 
