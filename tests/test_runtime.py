@@ -120,32 +120,35 @@ def sigint_after(seconds: float) -> threading.Timer:
     return timer
 
 
-def test_caller_loop_runs_on_the_callers_thread_and_keeps_state_between_calls():
-    runner = runtime.CallerLoop()
-    try:
-        async def start() -> asyncio.Queue:
-            queue: asyncio.Queue = asyncio.Queue()
+@pytest.fixture
+def runner():
+    loop = runtime.CallerLoop()
+    yield loop
+    loop.close(asyncio.sleep(0), 5)  # nothing if the test closed it
 
-            async def produce() -> None:  # a task of the backend's own that lives across calls
-                for i in range(3):
-                    await queue.put((i, threading.current_thread().name))
 
-            asyncio.get_running_loop().create_task(produce())
-            return queue
+def test_caller_loop_runs_on_the_callers_thread_and_keeps_state_between_calls(runner):
+    async def start() -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
 
-        queue = runner.run(start(), 5)
-        got = [runner.run(queue.get(), 5) for _ in range(3)]
-        assert got == [(i, threading.current_thread().name) for i in range(3)]
-        assert runner.run(asyncio.to_thread(lambda: 7), 5) == 7  # the loop's own worker threads
-    finally:
-        runner.close(asyncio.sleep(0), 5)
+        async def produce() -> None:  # a task of the backend's own that lives across calls
+            for i in range(3):
+                await queue.put((i, threading.current_thread().name))
+
+        asyncio.get_running_loop().create_task(produce())
+        return queue
+
+    queue = runner.run(start(), 5)
+    got = [runner.run(queue.get(), 5) for _ in range(3)]
+    assert got == [(i, threading.current_thread().name) for i in range(3)]
+    assert runner.run(asyncio.to_thread(lambda: 7), 5) == 7  # the loop's own worker threads
+    runner.close(asyncio.sleep(0), 5)
     assert runner.closed
     with pytest.raises(RuntimeClosed):
         runner.run(asyncio.sleep(0))
 
 
-def test_caller_loop_timeout_cancels_names_the_limit_and_the_loop_goes_on():
-    runner = runtime.CallerLoop()
+def test_caller_loop_timeout_cancels_names_the_limit_and_the_loop_goes_on(runner):
     cancelled = []
 
     async def forever() -> None:
@@ -155,18 +158,14 @@ def test_caller_loop_timeout_cancels_names_the_limit_and_the_loop_goes_on():
             cancelled.append(True)
             raise
 
-    try:
-        start = time.monotonic()
-        with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0\.3 s"):
-            runner.run(forever(), 0.3, what="step")
-        assert 0.3 <= time.monotonic() - start < 3 and cancelled == [True]
-        assert runner.run(asyncio.sleep(0, "again"), 5) == "again"
-    finally:
-        runner.close(asyncio.sleep(0), 5)
+    start = time.monotonic()
+    with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0\.3 s"):
+        runner.run(forever(), 0.3, what="step")
+    assert 0.3 <= time.monotonic() - start < 3 and cancelled == [True]
+    assert runner.run(asyncio.sleep(0, "again"), 5) == "again"
 
 
-def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handler():
-    runner = runtime.CallerLoop()
+def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handler(runner):
     unwound = []
 
     async def slow() -> None:
@@ -176,21 +175,17 @@ def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handle
             await asyncio.sleep(0.05)  # the cancellation runs through an await of its own
             unwound.append(True)
 
-    try:
-        sigint_after(0.3)
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            runner.run(slow(), 60)
-        assert time.monotonic() - start < 5 and unwound == [True]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert runner.run(asyncio.sleep(0, "after"), 5) == "after"
-    finally:
-        runner.close(asyncio.sleep(0), 5)
+    sigint_after(0.3)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(slow(), 60)
+    assert time.monotonic() - start < 5 and unwound == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert runner.run(asyncio.sleep(0, "after"), 5) == "after"
 
 
-def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypatch):
+def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypatch, runner):
     monkeypatch.setattr(runtime, "_CANCEL_GRACE", 0.5)
-    runner = runtime.CallerLoop()
 
     async def deaf() -> None:
         while True:
@@ -199,51 +194,44 @@ def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypat
             except asyncio.CancelledError:
                 pass
 
-    try:
-        start = time.monotonic()
-        with pytest.raises(BackendTimeout):
-            runner.run(deaf(), 0.2, what="step")
-        assert time.monotonic() - start < 3
-    finally:
-        runner.close(asyncio.sleep(0), 1)
+    start = time.monotonic()
+    with pytest.raises(BackendTimeout):
+        runner.run(deaf(), 0.2, what="step")
+    assert time.monotonic() - start < 3
+    runner.close(asyncio.sleep(0), 1)
     assert runner.closed
 
 
-def test_caller_loop_refuses_a_running_loop_and_a_second_thread():
-    runner = runtime.CallerLoop()
-    try:
-        async def inside() -> None:
-            coro = asyncio.sleep(0)
-            with pytest.raises(RuntimeError, match="areset/astep"):
-                runner.run(coro)
+def test_caller_loop_refuses_a_running_loop_and_a_second_thread(runner):
+    async def inside() -> None:
+        coro = asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="areset/astep"):
+            runner.run(coro)
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # the refused coroutine is closed, never "never awaited"
-            asyncio.run(inside())
-        started, errors = threading.Event(), []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the refused coroutine is closed, never "never awaited"
+        asyncio.run(inside())
+    started, errors = threading.Event(), []
 
-        async def hold() -> None:
-            started.set()
-            await asyncio.sleep(0.5)
+    async def hold() -> None:
+        started.set()
+        await asyncio.sleep(0.5)
 
-        def other() -> None:
-            started.wait(5)
-            try:
-                runner.run(asyncio.sleep(0))
-            except RuntimeError as exc:
-                errors.append(exc)
+    def other() -> None:
+        started.wait(5)
+        try:
+            runner.run(asyncio.sleep(0))
+        except RuntimeError as exc:
+            errors.append(exc)
 
-        thread = threading.Thread(target=other)
-        thread.start()
-        runner.run(hold(), 5)
-        thread.join(5)
-        assert len(errors) == 1 and "another thread" in str(errors[0])
-    finally:
-        runner.close(asyncio.sleep(0), 5)
+    thread = threading.Thread(target=other)
+    thread.start()
+    runner.run(hold(), 5)
+    thread.join(5)
+    assert len(errors) == 1 and "another thread" in str(errors[0])
 
 
-def test_caller_loop_close_from_another_thread_ends_a_hung_call():
-    runner = runtime.CallerLoop()
+def test_caller_loop_close_from_another_thread_ends_a_hung_call(runner):
     closed = []
 
     async def closing() -> None:
