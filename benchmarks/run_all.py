@@ -123,15 +123,24 @@ def _fmt(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}".strip()
 
 
+def provenance(runs: list[dict[str, Any]], info: dict[str, Any]) -> str:
+    """Which rows come from an earlier run than ``info``'s (``--update``), by run."""
+    earlier: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        when = run.get("measured") or {}
+        if when and (when.get("date"), when.get("commit")) != (info["date"], info["commit"]):
+            earlier.setdefault((when["date"], when["commit"]), []).append(run["name"])
+    return "".join(f" Rows of {', '.join(names)} are from the run of {date} (commit {commit})."
+                   for (date, commit), names in sorted(earlier.items()))
+
+
 def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> str:
     pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
     lines = [
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, {info['memory_gib']} GiB), "
         f"{info['os']}, Python {info['python']}; commit {info['commit']}; {pk}.",
         f"Command: `{command}`. Each figure: median of the repeats (min-max); ratios are ours / the baseline "
-        "measured in the same run."
-        + (f" Rows of {', '.join(info['earlier_run']['kept'])} are from the run of {info['earlier_run']['date']} "
-           f"(commit {info['earlier_run']['commit']})." if info.get("earlier_run") else ""),
+        "measured in the same run." + provenance(runs, info),
         "",
         "| benchmark | figure | median | min-max | target | met |",
         "|---|---|---|---|---|---|",
@@ -148,6 +157,23 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> 
             lines.append(f"| {run['name']} | {name} | {_fmt(f['median'], f['unit'])} | "
                          f"{_fmt(f['min'], f['unit'])} - {_fmt(f['max'], f['unit'])} | {target} | {met} |")
     return "\n".join(lines) + "\n"
+
+
+def merged(old: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` in place of the same benchmarks' runs of the earlier results ``old``; each kept run
+    keeps the date and commit it was measured at."""
+    fresh = {r["name"] for r in runs}
+    order = [b[0] for b in BENCHES]
+    kept = []
+    for run in old["runs"]:
+        if run["name"] in fresh:
+            continue
+        if "measured" not in run:  # written before runs carried their own
+            before = old["machine"].get("earlier_run") or {}
+            source = before if run["name"] in before.get("kept", ()) else old["machine"]
+            run = {**run, "measured": {"date": source["date"], "commit": source["commit"]}}
+        kept.append(run)
+    return sorted(kept + runs, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
 
 
 def main() -> None:
@@ -177,6 +203,7 @@ def main() -> None:
             continue
         print(f"== {name}: {script} {' '.join(quick if args.quick else full)}", flush=True)
         run = run_one(name, script, quick if args.quick else full, timeout, logs)
+        run["measured"] = {"date": info["date"], "commit": info["commit"]}
         runs.append(run)
         for f in run["figures"]:
             print(f"   {f['name']}: {_fmt(f['median'], f['unit'])} ({_fmt(f['min'], f['unit'])} - "
@@ -188,12 +215,7 @@ def main() -> None:
     earlier = Path(str(out) + ".json")
     if args.update and earlier.exists():
         old = json.loads(earlier.read_text())
-        fresh = {r["name"]: r for r in runs}
-        order = [b[0] for b in BENCHES]
-        kept = [r for r in old["runs"] if r["name"] not in fresh]
-        runs = sorted(kept + runs, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
-        info["earlier_run"] = {"date": old["machine"]["date"], "commit": old["machine"]["commit"],
-                               "kept": [r["name"] for r in kept]}
+        runs = merged(old, runs)
         command = f"{old['command']}; then {command} --update"
     table = markdown(runs, info, command)
     Path(str(out) + ".md").write_text(table)
