@@ -154,7 +154,10 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> 
                 _fmt(f["target"], f["unit"])
             met = "" if f.get("met") is None else ("yes" if f["met"] else "**no**")
             name = f["name"] + (f" ({f['note']})" if f.get("note") else "")
-            lines.append(f"| {run['name']} | {name} | {_fmt(f['median'], f['unit'])} | "
+            median = _fmt(f["median"], f["unit"])
+            if f.get("met") is False and f.get("target") is not None and median == _fmt(f["target"], f["unit"]):
+                median = f"{f['median']:.4f}".rstrip("0") + (f["unit"] if f["unit"] == "x" else f" {f['unit']}")
+            lines.append(f"| {run['name']} | {name} | {median} | "
                          f"{_fmt(f['min'], f['unit'])} - {_fmt(f['max'], f['unit'])} | {target} | {met} |")
     return "\n".join(lines) + "\n"
 
