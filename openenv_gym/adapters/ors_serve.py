@@ -338,7 +338,7 @@ def tune_gc() -> None:
     tasks and buffers; the SDKs keep each finished tool call for a minute), and with the default
     thresholds the collector walks them again every few hundred allocations. Served from one
     process, 128 sub-envs stepped at about half the rate of 8 (benchmarks/vector.py,
-    "collapse"); a client of 1,024 sub-envs spends half as much again per env-step as one of 8.
+    "collapse"); a client of 1,024 sub-envs spends nearly twice as much per env-step as one of 8.
     What the process has loaded so far is frozen out of every collection, and collections come
     about 70 times less often; garbage cycles wait a little longer, which such a process can
     afford. Every server the package starts calls this once its app is loaded; a training
