@@ -72,7 +72,6 @@ def _lockstep(envs: Any, rounds: int) -> float:
 
 def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | None = None) -> dict[str, Any]:
     import gymnasium as gym
-    import ray
 
     import openenv_gym  # noqa: F401
     from openenv_gym.testing.procs import children as _children
@@ -115,49 +114,6 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
             safe_envs.close()
             async_envs.close()
             ray_envs.close()
-
-        # latency: one sub-env, RayVectorEnv step against a raw actor call doing the same step
-        one = gym.make_vec("openenv/ORS-v0", num_envs=1, backend="ray", vector_options={"num_actors": 1}, **kwargs)
-        try:
-            from openenv_gym.vector.ray import _acquire_ray, _release_ray
-
-            owned = _acquire_ray(None)
-
-            @ray.remote(num_cpus=0)
-            class Raw:
-                async def start(self) -> None:
-                    from openenv_gym.adapters.ors import ORSAdapter
-                    from openenv_gym.session import EnvSession
-
-                    self.adapter = ORSAdapter(url=url, env_name="arithmetic")
-                    await self.adapter.start()
-                    self.session = EnvSession(self.adapter, max_turns=10**9)
-                    await self.session.reset(0)
-
-                async def step(self, action: dict) -> tuple:
-                    return await self.session.step(action)
-
-            raw = Raw.remote()
-            ray.get(raw.start.remote())
-            one.reset(seed=0)
-            ours, base = [], []
-            for _ in range(50):  # warm-up
-                one.step([CALC])
-                ray.get(raw.step.remote(CALC))
-            one.set_attr("max_turns", 10**9)
-            one.reset(seed=0)
-            for _ in range(400):
-                t0 = time.perf_counter()
-                one.step([CALC])
-                ours.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                ray.get(raw.step.remote(CALC))
-                base.append(time.perf_counter() - t0)
-            ray.kill(raw)
-        finally:
-            one.close()
-            if owned:
-                _release_ray()
     finally:
         server.close()
     result = {
@@ -169,16 +125,13 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
         "forkserver_pss_mib": safe_pss, "memory_ratio": ray_pss / async_pss,
         "memory_ratio_actors_only": actor_pss / async_pss, "num_actors": n_actors,
         "memory_ratio_forkserver": ray_pss / safe_pss,
-        "p50_ms_vector_step": statistics.median(ours) * 1000, "p50_ms_raw_actor_call": statistics.median(base) * 1000,
     }
-    result["added_p50_ms"] = result["p50_ms_vector_step"] - result["p50_ms_raw_actor_call"]
     print(f"ray: {result['speed_ratio']:.2f}x AsyncVectorEnv (fork) and {result['speed_ratio_forkserver']:.2f}x "
           f"(forkserver) env-steps/s (target >= 1.0)")
     print(f"ray ({n_actors} actors): PSS {ray_pss:.0f} MiB (actors {actor_pss:.0f}, the rest Ray's head) vs "
           f"AsyncVectorEnv fork {async_pss:.0f} MiB = {result['memory_ratio']:.2f} (actors alone "
           f"{result['memory_ratio_actors_only']:.2f}), forkserver {safe_pss:.0f} MiB = "
           f"{result['memory_ratio_forkserver']:.2f} (target <= 0.25)")
-    print(f"ray: added p50 latency {result['added_p50_ms']:.2f} ms over a raw actor call (target <= 0.5)")
     return result
 
 

@@ -262,9 +262,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         try:
             self._check_open()
             self._session.check_steppable()
-            if self._hosted is not None:
-                return self._hosted.step(action)
-            return self._run_on(self._session.step(action), self.step_timeout, what="step")
+            return self._call("step", action)
         finally:
             self._busy.release()
 

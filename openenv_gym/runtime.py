@@ -235,15 +235,20 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None, *, what
         raise
     if not finished:
         _cancel(loop, box, done)
-        if budget != timeout:
-            raise BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
-        if what is not None:
-            raise BackendTimeout(f"{what} did not finish within {limit}={timeout} s")
-        raise BackendTimeout(f"operation did not finish within {timeout} s")
+        raise _timed_out(budget, timeout, what, limit)
     task = box[0]
     if task.cancelled():  # cancelled on the loop by someone else (the loop is stopping)
         raise RuntimeClosed("the operation was cancelled because the runtime loop is stopping")
     return task.result()
+
+
+def _timed_out(budget: float | None, timeout: float | None, what: str | None, limit: str) -> BackendTimeout:
+    """The error for a blocking call whose wait ran out: the exit budget's, or the named limit's."""
+    if budget != timeout:
+        return BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
+    if what is not None:
+        return BackendTimeout(f"{what} did not finish within {limit}={timeout} s")
+    return BackendTimeout(f"operation did not finish within {timeout} s")
 
 
 class _Signal:
@@ -569,11 +574,7 @@ class CallerLoop:
         if why == "interrupt":
             raise KeyboardInterrupt
         if why is not None and (not task.done() or task.cancelled()):
-            if budget != timeout:
-                raise BackendTimeout(f"stopped waiting at interpreter exit (exit budget {EXIT_BUDGET} s)")
-            if what is not None:
-                raise BackendTimeout(f"{what} did not finish within {limit}={timeout} s")
-            raise BackendTimeout(f"operation did not finish within {timeout} s")
+            raise _timed_out(budget, timeout, what, limit)
         return task.result()
 
     def _cut(self, reason: str) -> None:
