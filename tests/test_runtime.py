@@ -320,3 +320,13 @@ def test_tune_gc_collects_less_often_but_still_frees_garbage_cycles():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_loop_without_run_once_is_driven_the_ordinary_way():
+    uvloop = pytest.importorskip("uvloop")  # installed with the ors extra; its loop is C code
+    loop = uvloop.new_event_loop()
+    try:
+        task = loop.create_task(asyncio.sleep(0.01, "done"))
+        assert not hasattr(loop, "_run_once") and runtime._drive(loop, task) == "done"
+    finally:
+        loop.close()
