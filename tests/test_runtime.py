@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 import warnings
@@ -320,6 +321,34 @@ def test_tune_gc_collects_less_often_but_still_frees_garbage_cycles():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_caller_loop_a_call_that_never_stops_yielding_still_times_out_and_sees_io(runner):
+    # Ready callbacks run in batches without the I/O poll: a task that always has one queued
+    # must not starve the deadline timer, a thread's result or a socket.
+    async def spin() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    start = time.monotonic()
+    with pytest.raises(BackendTimeout, match="step_timeout=0.3 s"):
+        runner.run(spin(), 0.3, what="step")
+    assert time.monotonic() - start < 3
+
+    async def io_while_spinning() -> tuple[int, bytes]:
+        spinner = asyncio.get_running_loop().create_task(spin())
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        try:
+            value = await asyncio.to_thread(lambda: 7)  # a worker thread's result wakes the poll
+            threading.Timer(0.05, theirs.sendall, (b"ok",)).start()
+            return value, await reader.readexactly(2)  # and so does a socket
+        finally:
+            spinner.cancel()
+            writer.close()
+            theirs.close()
+
+    assert runner.run(io_while_spinning(), 5) == (7, b"ok")
 
 
 def test_a_loop_without_run_once_is_driven_the_ordinary_way():

@@ -40,7 +40,9 @@ import contextlib
 import copy
 import importlib.util
 import json
+import itertools
 import math
+import operator
 import os
 import signal
 import sys
@@ -363,22 +365,25 @@ def _tool_spec(tool: Any) -> ToolSpec:
 
 
 class _ToolCache:
-    """ToolSpecs for the library's tool lists, converted once per list.
+    """ToolSpecs for the library's tool lists, converted once per set of tools.
 
-    Every episode of a ToolEnv gets the env's same ``tool_defs`` list, so the conversion (and the
-    JSON encoding of the schemas) is done once; each reset decodes fresh schemas from the cached
-    bytes, because what a reset returns must not alias what another reset returned (Gymnasium's
-    checker tests this), and decoding is several times cheaper than ``copy.deepcopy``.
+    The library gives every episode of a ToolEnv a list of its own (``state["tool_defs"]``) that
+    holds the env's same ``vf.Tool`` objects, so a list holding the same objects as the last one
+    is not converted again (nor its schemas JSON-encoded); each reset decodes fresh schemas from
+    the cached bytes, because what a reset returns must not alias what another reset returned
+    (Gymnasium's checker tests this), and decoding is several times cheaper than ``copy.deepcopy``.
     """
 
     def __init__(self) -> None:
-        self._tools: Any = None
+        self._tools: tuple[Any, ...] = ()
         self._encoded: list[tuple[str, str, bytes]] = []
 
     def specs(self, tools: Any) -> list[ToolSpec]:
-        if tools is not self._tools:
+        tools = tuple(tools or ())
+        known = self._tools
+        if len(tools) != len(known) or not all(map(operator.is_, tools, known)):
             encoded = [(spec.name, spec.description, msgspec.json.encode(spec.parameters))
-                       for spec in map(_tool_spec, tools or ())]
+                       for spec in map(_tool_spec, tools)]
             self._tools, self._encoded = tools, encoded  # one assignment pair: no torn reads on one loop
         return [ToolSpec(name=name, description=description, parameters=msgspec.json.decode(params))
                 for name, description, params in self._encoded]
@@ -523,6 +528,8 @@ class VerifiersV0Adapter(Adapter):
         self._datasets: dict[str, Any] = {}
         self._rows: dict[tuple[str, int], dict[str, Any]] = {}
         self._tool_cache = _ToolCache()
+        self._reply_prefix = f"openenv-{uuid.uuid4().hex[:16]}"  # reply ids unique across adapters
+        self._episode_ids = itertools.count()
         self._episodes: set[VerifiersV0Episode] = set()
         self._closed = False
         self._torn_down = False
@@ -656,7 +663,7 @@ class VerifiersV0Episode(Episode):
         self._sampling_args: Any = None
         self._state: Any = None
         self._closed = False
-        self._reply_id = f"openenv-{uuid.uuid4().hex[:16]}"  # the replies' ids: this, then a count
+        self._reply_id = f"{adapter._reply_prefix}-{next(adapter._episode_ids)}"  # replies: this, then a count
         self._replies = 0
 
     # -- called by the client, inside the rollout task ------------------------------------------
@@ -849,7 +856,14 @@ def _error_info(output: dict[str, Any]) -> dict[str, str] | None:
     return {"type": type(error).__name__, "message": str(error)}
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _request_info(sampling_args: Any) -> dict[str, Any]:
-    # Small (sampling parameters only, never the prompt); copied because the library shares it.
-    return {"sampling_args": copy.deepcopy(dict(sampling_args or {}))}
+    # Small (sampling parameters only, never the prompt); copied because the library shares it,
+    # deeply only when a value could be changed in place.
+    args = dict(sampling_args or {})
+    if not all(isinstance(v, _SCALARS) for v in args.values()):
+        args = copy.deepcopy(args)
+    return {"sampling_args": args}
 

@@ -613,3 +613,21 @@ def test_a_forgotten_close_of_a_single_env_leaves_no_task_or_thread():
     while not loop.is_closed() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert loop.is_closed() and rollout.cancelled()
+
+
+def test_tool_specs_follow_the_tools_each_episode_gets():
+    # The library gives each episode a new list of the env's same Tool objects: the specs are
+    # converted once, yet every call returns its own copy, and a different set is converted anew.
+    from openenv_gym.adapters.verifiers_v0 import _ToolCache
+
+    add = vf.Tool(name="add", description="Add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
+    mul = vf.Tool(name="mul", description="Multiply", parameters={"type": "object", "properties": {}})
+    cache = _ToolCache()
+    first, second = cache.specs([add]), cache.specs([add])
+    assert [s.name for s in first] == ["add"] and first == second
+    assert first[0].parameters is not second[0].parameters  # never aliased between resets
+    first[0].parameters["properties"].clear()
+    assert cache.specs([add])[0].parameters["properties"] == {"a": {"type": "integer"}}
+    assert [s.name for s in cache.specs([add, mul])] == ["add", "mul"]  # a tool added
+    assert [s.name for s in cache.specs([mul])] == ["mul"]  # another set
+    assert cache.specs(None) == [] and cache.specs([]) == []
