@@ -176,7 +176,8 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self._subs = [SubEnv() for _ in range(num_envs)]
         self._arrivals: dict[int, None] = {}  # sub-envs with an uncollected result, in arrival order
         # Results the caller's thread received itself (a lockstep step of hosts it can wait on),
-        # delivered on the loop by the next wait: one hop carries them and the wait together.
+        # accepted by the next wait for results: on the caller's thread, which then needs no
+        # hop to the loop when they are all it waits for.
         self._handed_over: list[Result] = []
         self._arrived: asyncio.Event | None = None
         self._want = 1  # results the waiter needs before it is worth waking
@@ -277,24 +278,35 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         """
         self._groups = None if group_size is None else Groups(self.num_envs, group_size)
 
-    def _deliver(self, result: Result) -> None:
-        """Accept a result if it answers the sub-env's current request; drop it otherwise."""
+    def _accept(self, result: Result) -> bool:
+        """Take a result if it answers the sub-env's current request (False: it is late, dropped)."""
         if not self._subs[result.env_id].answered(result):
             self.late_results += 1
-            return
+            return False
         self._arrivals[result.env_id] = None
+        return True
+
+    def _deliver(self, result: Result) -> None:
+        """:meth:`_accept` ``result`` on the loop, waking the waiter if it can now finish."""
         # Wake the waiter only when it can finish: waking it per result would rescan the
         # ready set each time, quadratic in the batch size (256-result batches at 1,024 envs).
-        if self._arrived is not None and len(self._arrivals) >= self._want:
+        if self._accept(result) and self._arrived is not None and len(self._arrivals) >= self._want:
             self._arrived.set()
+
+    def _take_handed_over(self) -> None:
+        """Accept the results the caller's thread received itself (see ``_handed_over``).
+
+        Called by the one caller (on its thread, or on the loop while it waits for the loop): no
+        other request is in flight for these sub-envs, so nothing on the loop touches them."""
+        if self._handed_over:
+            handed, self._handed_over = self._handed_over, []
+            for result in handed:
+                self._accept(result)
 
     async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[int]:
         """Wait until ``count`` results are ready (from ``env_ids`` if given); their ids, first-ready
         first. The results stay in place until :meth:`_collect` takes them."""
-        if self._handed_over:
-            handed, self._handed_over = self._handed_over, []
-            for result in handed:
-                self._deliver(result)
+        self._take_handed_over()
         if self._arrived is None:
             self._arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -600,6 +612,9 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         count = in_flight if batch_size is None else min(batch_size, in_flight)
         if count == 0:
             raise ConfigurationError("recv() with no request in flight; send() first")
+        self._take_handed_over()
+        if len(self._arrivals) >= count:  # all in already (a held lockstep step): no hop to the loop
+            return list(self._arrivals)[:count]
         try:
             return runtime.run_sync(self._wait(None, count, timeout))
         except BackendTimeout:

@@ -172,7 +172,7 @@ class HostedVectorEnv(AgentVectorEnv):
         if results is None:
             runtime.post(self._launch, calls, [], begun)
         else:
-            self._handed_over = results  # the wait that follows delivers them on the loop
+            self._handed_over = results  # accepted by step_wait on this thread (no hop)
 
     def _wait_begun(self, begun: list[Any], limit: float) -> list[bytes] | None:
         """The answers (encoded results) of calls :meth:`Handle.begin` started, waited for on the
