@@ -17,8 +17,9 @@ What the child does, and why:
   its SDK's ``Server``; ``--app module:attr`` serves an app as it is (an OpenEnv environment's
   ``server.app:app``), imported with ``--root`` first on ``sys.path``.
 * **Serves the protocol only.** FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are removed.
-* **Collects garbage less often** (see ``tune_gc``): with many sessions in flight, Python's
-  default thresholds cost the server half its throughput.
+* **Collects garbage less often, and makes less of it** (see ``tune_gc`` and ``lean_sse``): with
+  many sessions in flight, Python's default thresholds cost the server half its throughput, and
+  sse-starlette's cancelled helper tasks left a garbage cycle behind every tool call.
 * **Keeps its log bounded.** The SDK's per-request log lines are turned off (log level WARNING
   unless the user set one) and everything written to stdout/stderr goes to
   ``<workdir>/server.log``, which is rotated to ``server.log.1`` at ``--log-max-bytes``: the two
@@ -323,8 +324,70 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
         served, timeout_keep_alive=60, access_log=False, log_level="warning", backlog=4096,
         timeout_graceful_shutdown=2,
     )
+    lean_sse()
     tune_gc()
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def lean_sse() -> bool:
+    """Stream SSE responses without leaving garbage cycles behind; True if applied.
+
+    sse-starlette 2.x answers each SSE request (every ORS tool call and session start) with four
+    anyio tasks: the stream, a keep-alive ping, a shutdown listener and a disconnect listener.
+    When the stream ends, the ping and the shutdown listener are cancelled, and anyio's task-done
+    callback keeps the ``CancelledError`` in a local of the frame its traceback holds: a cycle
+    that holds the whole response (about a hundred objects a call) until the garbage collector
+    finds it. Those cycles were most of this server's collection work, and with many sessions in
+    flight each collection also walks every live request (benchmarks/vector.py, "collapse").
+
+    This runs the same four coroutines of the library's (its stream, ping, shutdown and
+    disconnect handling are unchanged) as plain asyncio tasks; the first to end ends the others,
+    as the task group did, and an exception of any of them is raised. A cancelled asyncio task
+    makes no cycle. Applied only to sse-starlette 2.x, whose private methods these are; another
+    version is left as it is. Responses with a ``data_sender_callable`` keep the library's own
+    path.
+    """
+    try:
+        from importlib.metadata import version
+
+        from sse_starlette.sse import EventSourceResponse
+    except ImportError:
+        return False
+    try:
+        major = int(version("sse-starlette").split(".")[0])
+    except Exception:  # noqa: BLE001 - no metadata: an unknown version
+        return False
+    parts = ("_stream_response", "_ping", "_listen_for_exit_signal", "_listen_for_disconnect")
+    if major != 2 or not all(hasattr(EventSourceResponse, p) for p in parts):
+        return False
+    if getattr(EventSourceResponse.__call__, "lean", False):
+        return True
+    import asyncio
+
+    library_call = EventSourceResponse.__call__
+
+    async def __call__(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if self.data_sender_callable is not None:
+            return await library_call(self, scope, receive, send)
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._stream_response(send)), loop.create_task(self._ping(send)),
+                 loop.create_task(self._listen_for_exit_signal()),
+                 loop.create_task(self._listen_for_disconnect(receive))]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        if self.background is not None:
+            await self.background()
+
+    __call__.lean = True  # type: ignore[attr-defined]
+    EventSourceResponse.__call__ = __call__  # type: ignore[method-assign]
+    return True
 
 
 GC_THRESHOLDS = (50_000, 20, 100)
