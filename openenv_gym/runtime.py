@@ -670,12 +670,13 @@ def _drive(loop: asyncio.AbstractEventLoop, task: asyncio.Task[T]) -> T:
     loop, the async-generator hooks). A loop without ``_run_once`` (not asyncio's) is run the
     ordinary way.
 
-    While callbacks are ready (a task handing a result to another: every step of an in-process
-    backend is such hand-offs), they run without the I/O poll and timer check that
-    ``_run_once`` makes before each batch, which cost more than the hand-off itself; a full
-    iteration still comes at least every ``_BURST`` batches, so timers (deadlines, the Ctrl-C
-    watch) and I/O are never starved by a task that keeps yielding. Debug mode takes the full
-    path (it times each callback)."""
+    While callbacks are ready and no timer is due (a task handing a result to another: every
+    step of an in-process backend is such hand-offs), they run without the I/O poll that
+    ``_run_once`` makes before each batch, which costs more than the hand-off itself. A due timer
+    takes a full iteration at once, so it runs in the same order as under ``_run_once`` (a
+    library's timeout that expired while the caller was away fires before the next action is
+    handed over); I/O gets a full iteration at least every ``_BURST`` batches, so a task that
+    keeps yielding starves nothing. Debug mode takes the full path (it times each callback)."""
     run_once = getattr(loop, "_run_once", None)
     if run_once is None:
         return loop.run_until_complete(task)
@@ -686,10 +687,13 @@ def _drive(loop: asyncio.AbstractEventLoop, task: asyncio.Task[T]) -> T:
                            finalizer=loop._asyncgen_finalizer_hook)  # type: ignore[attr-defined]
     asyncio.events._set_running_loop(loop)
     ready = getattr(loop, "_ready", None) if not loop.get_debug() else None
+    timers = getattr(loop, "_scheduled", None)
+    resolution = getattr(loop, "_clock_resolution", 0.0)
     burst = 0
     try:
         while not task.done():
-            if ready and burst < _BURST:
+            if (ready and burst < _BURST and timers is not None
+                    and not (timers and timers[0]._when <= loop.time() + resolution)):
                 burst += 1
                 for _ in range(len(ready)):
                     handle = ready.popleft()

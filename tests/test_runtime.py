@@ -351,6 +351,24 @@ def test_caller_loop_a_call_that_never_stops_yielding_still_times_out_and_sees_i
     assert runner.run(io_while_spinning(), 5) == (7, b"ok")
 
 
+def test_caller_loop_a_timer_due_between_calls_fires_before_the_next_call_goes_on(runner):
+    # A backend's timeout that expired while the caller was away (a Verifiers timeout_seconds
+    # during the policy's thinking) must fire before the next call's work goes on, as it would
+    # under the loop's own iterations.
+    fired = []
+
+    async def arm() -> None:
+        asyncio.get_running_loop().call_later(0.05, fired.append, True)
+
+    async def look() -> bool:
+        await asyncio.sleep(0)
+        return bool(fired)
+
+    runner.run(arm(), 5)
+    time.sleep(0.1)
+    assert runner.run(look(), 5) is True
+
+
 def test_a_loop_without_run_once_is_driven_the_ordinary_way():
     uvloop = pytest.importorskip("uvloop")  # installed with the ors extra; its loop is C code
     loop = uvloop.new_event_loop()
