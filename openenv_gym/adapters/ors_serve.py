@@ -332,7 +332,7 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
 def lean_sse() -> bool:
     """Stream SSE responses without leaving garbage cycles behind; True if applied.
 
-    sse-starlette 2.x answers each SSE request (every ORS tool call and session start) with four
+    sse-starlette answers each SSE request (every ORS tool call and session start) with four
     anyio tasks: the stream, a keep-alive ping, a shutdown listener and a disconnect listener.
     When the stream ends, the ping and the shutdown listener are cancelled, and anyio's task-done
     callback keeps the ``CancelledError`` in a local of the frame its traceback holds: a cycle
@@ -340,12 +340,12 @@ def lean_sse() -> bool:
     finds it. Those cycles were most of this server's collection work, and with many sessions in
     flight each collection also walks every live request (benchmarks/vector.py, "collapse").
 
-    This runs the same four coroutines of the library's (its stream, ping, shutdown and
-    disconnect handling are unchanged) as plain asyncio tasks; the first to end ends the others,
-    as the task group did, and an exception of any of them is raised. A cancelled asyncio task
-    makes no cycle. Applied only to sse-starlette 2.x, whose private methods these are; another
-    version is left as it is. Responses with a ``data_sender_callable`` keep the library's own
-    path.
+    This runs the same coroutines of the library's (its stream, ping, shutdown and disconnect
+    handling are unchanged) as plain asyncio tasks; the first to end ends the others, as the
+    task group did, and an exception of any of them is raised as it is. A cancelled asyncio task
+    makes no cycle. Applied to sse-starlette 2.x and 3.x, whose private methods these are
+    (another major version is left as it is); what only the library handles (a HEAD request,
+    a websocket scope, a ``data_sender_callable``) keeps the library's own path.
     """
     try:
         from importlib.metadata import version
@@ -358,7 +358,7 @@ def lean_sse() -> bool:
     except Exception:  # noqa: BLE001 - no metadata: an unknown version
         return False
     parts = ("_stream_response", "_ping", "_listen_for_exit_signal", "_listen_for_disconnect")
-    if major != 2 or not all(hasattr(EventSourceResponse, p) for p in parts):
+    if major not in (2, 3) or not all(hasattr(EventSourceResponse, p) for p in parts):
         return False
     if getattr(EventSourceResponse.__call__, "lean", False):
         return True
@@ -367,12 +367,16 @@ def lean_sse() -> bool:
     library_call = EventSourceResponse.__call__
 
     async def __call__(self: Any, scope: Any, receive: Any, send: Any) -> None:
-        if self.data_sender_callable is not None:
+        if (self.data_sender_callable is not None or scope.get("type") != "http"
+                or str(scope.get("method", "")).upper() == "HEAD"):
             return await library_call(self, scope, receive, send)
+        # 3.x: shutdown with a grace period, and no pings at interval 0 (2.x pings regardless)
+        exit_listener = getattr(self, "_listen_for_exit_signal_with_grace", None) or self._listen_for_exit_signal
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._stream_response(send)), loop.create_task(self._ping(send)),
-                 loop.create_task(self._listen_for_exit_signal()),
+        tasks = [loop.create_task(self._stream_response(send)), loop.create_task(exit_listener()),
                  loop.create_task(self._listen_for_disconnect(receive))]
+        if major == 2 or self._ping_interval > 0:
+            tasks.append(loop.create_task(self._ping(send)))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:

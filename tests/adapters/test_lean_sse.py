@@ -119,7 +119,7 @@ def test_another_major_version_is_left_alone(monkeypatch):
 
     from openenv_gym.adapters import ors_serve
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.0.0")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
     from sse_starlette.sse import EventSourceResponse
 
     before = EventSourceResponse.__call__
