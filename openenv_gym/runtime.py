@@ -433,10 +433,13 @@ class Backoff:
 
     def __init__(self, base: float = 0.1, cap: float = 2.0, rng: random.Random | None = None):
         self.base, self.cap = base, cap
-        self._rng = rng or random.Random()
+        # The random module's own generator unless one is given: seeding a new one reads the OS's
+        # entropy pool, which cost more than a step's client work (a Backoff is made per tool
+        # call), and the module reseeds its own in a forked child, so siblings do not retry in step.
+        self._uniform = (rng or random).uniform
 
     def delay(self, attempt: int) -> float:
-        return self._rng.uniform(0.0, min(self.cap, self.base * (2**attempt)))
+        return self._uniform(0.0, min(self.cap, self.base * (2**attempt)))
 
 
 async def retry(

@@ -71,6 +71,17 @@ def test_retry_gives_up_after_attempts():
                                        backoff=runtime.Backoff(0.001, 0.01)))
 
 
+def test_backoff_jitters_within_its_cap_and_a_given_rng_repeats_it():
+    import random
+
+    backoff = runtime.Backoff(0.1, 1.0)
+    for attempt in range(8):
+        waits = {backoff.delay(attempt) for _ in range(50)}
+        assert all(0.0 <= w <= min(1.0, 0.1 * 2**attempt) for w in waits) and len(waits) > 1  # full jitter
+    seeded = [runtime.Backoff(0.1, 1.0, random.Random(3)).delay(n) for n in range(5)]
+    assert seeded == [runtime.Backoff(0.1, 1.0, random.Random(3)).delay(n) for n in range(5)]
+
+
 def test_within_names_its_limit_and_leaves_other_cancels_and_timeouts_alone():
     import asyncio
 
