@@ -144,7 +144,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         return self._session.max_turns
 
     def _run(self, coro: Any, what: str) -> Any:
-        """Run one call of this env on the runtime loop, bounded by ``step_timeout``."""
+        """Run one call of this env on its loop (the runtime loop, or its own), bounded by ``step_timeout``."""
         return self._run_on(coro, self.step_timeout, what=what)
 
     def _close_with(self, coro: Any) -> None:

@@ -46,9 +46,10 @@ T = TypeVar("T")
 EXIT_BUDGET = 5.0
 """Seconds the exit hook may spend closing envs that were never closed, all of them together."""
 _CANCEL_GRACE = 5.0
-_WAIT_SLICE = 0.1
-_BURST = 16  # ready batches _drive runs between two full loop iterations
 """Seconds :func:`run_sync` waits for an interrupted coroutine to finish cancelling."""
+_WAIT_SLICE = 0.1
+_BURST = 16
+"""Batches of ready callbacks :func:`_drive` runs between two full loop iterations."""
 
 _MAIN_THREAD = threading.main_thread().ident
 _SIGINT = int(signal.SIGINT)

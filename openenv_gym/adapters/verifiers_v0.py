@@ -39,8 +39,8 @@ import asyncio
 import contextlib
 import copy
 import importlib.util
-import json
 import itertools
+import json
 import math
 import operator
 import os

@@ -121,7 +121,8 @@ class HostedVectorEnv(AgentVectorEnv):
         # Parsing and encoding happen on the caller's thread, and so does starting each call
         # where the host allows it (Ray), shard by shard: the first host is at work while the
         # next shard's actions are parsed. Following the calls up needs the loop, and that is
-        # posted, not waited for: a lockstep step costs one hop to the loop, not two.
+        # posted, not waited for: a send costs one hop to the loop, not two (a held lockstep
+        # step, none: see step()).
         failures: list[Result] = []
         calls, begun = [], []
         for call in self._prepare(ops, failures):
@@ -151,9 +152,9 @@ class HostedVectorEnv(AgentVectorEnv):
         return super().step_wait(timeout)
 
     def _wait_held(self, held: tuple[list[tuple[int, list[Op], bytes]], list[Any]], timeout: float | None) -> None:
-        """Wait for a lockstep step's calls on the caller's thread, then hand their results to
-        the loop in one hop; awaited on the loop, each answer would cost two thread wake-ups
-        more (the host library's thread, then the loop's).
+        """Wait for a lockstep step's calls on the caller's thread and leave their results for
+        ``step_wait`` to accept there, with no hop to the loop; awaited on the loop, each answer
+        would cost two thread wake-ups more (the host library's thread, then the loop's).
 
         Whatever is not settled here (not answered within :data:`_HELD_WAIT` s, a failed call,
         Ctrl-C) goes to the loop as an ordinary call, which reports it as any other: a dead
@@ -179,7 +180,6 @@ class HostedVectorEnv(AgentVectorEnv):
         caller's thread for up to ``limit`` s; ``None`` if they are not all in by then or one
         failed (the default: hosts whose calls only the loop can follow)."""
         return None
-
 
     async def _execute(self, ops: list[Op]) -> None:
         failures: list[Result] = []
