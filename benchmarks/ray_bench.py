@@ -109,7 +109,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
             safe_pss = tree_pss(safe_pids)
             all_ray = set(_ray_pids(async_pids | safe_pids))
             ray_pss = tree_pss(all_ray)
-            actor_pss = tree_pss({p for p in all_ray if b"ray::EnvHost" in open(f"/proc/{p}/cmdline", "rb").read()})
+            actor_pss = tree_pss({p for p in all_ray if b"ray::Shard" in open(f"/proc/{p}/cmdline", "rb").read()})
         finally:
             safe_envs.close()
             async_envs.close()
@@ -230,7 +230,7 @@ def main() -> None:
     import gymnasium as gym
 
     import openenv_gym  # noqa: F401
-    from openenv_gym.vector.ray import _acquire_ray, _release_ray
+    from openenv_gym.vector.ray import RAY
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -240,7 +240,7 @@ def main() -> None:
     server = gym.make("openenv/Arithmetic-v0")
     url = server.unwrapped.adapter._server.url
     kwargs = {"url": url, "env_name": "arithmetic", "max_turns": 8}
-    owned = _acquire_ray(None)  # one Ray runtime for every measurement, as a trainer would keep it
+    owned = RAY.acquire(None)  # one Ray runtime for every measurement, as a trainer would keep it
     details: dict[str, Any] = {}
     try:
         speed = bench_ray(args.reps, 3.0)
@@ -259,7 +259,7 @@ def main() -> None:
                   f"(ratio {pss[n][0] / pss[n][1]:.2f})", flush=True)
     finally:
         if owned:
-            _release_ray()
+            RAY.release()
         server.close()
     details.update(p50_ms_ours=p50_ours, p50_ms_raw=p50_raw, pss_mib=pss)
     figures = [

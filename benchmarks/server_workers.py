@@ -57,7 +57,7 @@ def _cpu(pid: int) -> float:
 
 
 def _servers(envs: gym.vector.VectorEnv) -> float:
-    return sum(_cpu(p) for p in envs._adapters[0].server_pids())
+    return sum(_cpu(p) for p in envs.adapters[0].server_pids())
 
 
 def measure(envs: gym.vector.VectorEnv, seconds: float, ms: float) -> dict[str, float]:
@@ -79,7 +79,7 @@ def measure(envs: gym.vector.VectorEnv, seconds: float, ms: float) -> dict[str, 
     client, servers = time.process_time() - client0, _servers(envs) - servers0
     other = (_machine_busy() - busy0) - client - servers
     pids = {int(o[0]["content"].split()[0]) for o in obs}
-    assert pids <= set(envs._adapters[0].server_pids()), "every answer comes from one of the env's workers"
+    assert pids <= set(envs.adapters[0].server_pids()), "every answer comes from one of the env's workers"
     return {"steps_per_s": steps / elapsed, "other_cores": max(0.0, other / elapsed), "workers_used": len(pids),
             "client_ms_per_step": 1000 * client / steps, "server_ms_per_step": 1000 * servers / steps}
 
@@ -106,7 +106,7 @@ def main() -> None:
             sides[workers] = gym.make_vec("openenv/ORS-v0", num_envs=args.num_envs, source=str(SOURCE),
                                           env_class="CpuBurn", server_workers=workers)
             sides[workers].reset(seed=0)
-            assert len(sides[workers]._adapters[0].server_pids()) == workers
+            assert len(sides[workers].adapters[0].server_pids()) == workers
         for workers in (1, k):  # warm every path up
             measure(sides[workers], 0.5, args.burn_ms)
         rows = []

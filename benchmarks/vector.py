@@ -264,7 +264,7 @@ def bench_wire(reps: int) -> dict[str, Any]:
 
     import pydantic
 
-    from openenv_gym.vector.ops import Result, decode_results, encode_results
+    from openenv_gym.shard.ops import Result, decode_results, encode_results
 
     class PydResult(pydantic.BaseModel):
         env_id: int

@@ -12,7 +12,7 @@ no plugins by itself::
 from __future__ import annotations
 
 from openenv_gym import errors
-from openenv_gym.adapters.ors_serve import tune_gc
+from openenv_gym.processes import tune_gc
 from openenv_gym.env import AgentEnv
 from openenv_gym.registration import env_info, list_environments, register_all
 from openenv_gym.spaces import AssistantAction, Messages

@@ -59,7 +59,7 @@ def _ray_workers() -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if b"ray::EnvHost" in fh.read():
+                    if b"ray::Shard" in fh.read():
                         pids.append(int(entry))
             except OSError:
                 pass
@@ -67,7 +67,7 @@ def _ray_workers() -> list[int]:
 
 
 def process_tree_pss_mib(include_ray: bool = False) -> float:
-    """PSS (MiB) of this process, its descendants and, if asked, Ray's EnvHost workers."""
+    """PSS (MiB) of this process, its descendants and, if asked, Ray's shard workers."""
     pids = {os.getpid(), *descendants(os.getpid())}
     if include_ray:
         for pid in _ray_workers():

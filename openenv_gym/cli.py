@@ -119,7 +119,7 @@ def _cmd_remove(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from openenv_gym.adapters.ors_serve import tune_gc
+    from openenv_gym.processes import tune_gc
     from openenv_gym.registration import check_id
     from openenv_gym.rollout import collect
 

@@ -17,17 +17,13 @@ This is the contract every backend honours (docs/architecture.md, "The Gymnasium
   env get :class:`~openenv_gym.errors.ConcurrentUse` rather than a corrupted episode.
 
 The methods are sync edges over the async core: :meth:`areset` and :meth:`astep` are the same
-operations as coroutines, and both run on the package's runtime loop whatever loop awaits them.
-Two kinds of env skip the hop to that loop's thread, which costs two thread wake-ups a call: a
-hosted env talks to its host over a blocking socket, and an in-process adapter that holds nothing
-between calls (``Adapter.caller_thread``, e.g. a legacy Verifiers env) runs on a loop of the env's
-own, driven by the caller's thread while a call lasts (:class:`~openenv_gym.runtime.CallerLoop`);
-their async methods run the sync ones in a worker thread.
+operations as coroutines. Where the session lives (in this process on the runtime loop or on a
+loop of its own, or in a host process) is the env's :class:`~openenv_gym.runners.Runner`, chosen
+once when the env is made; the env never branches on it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -39,9 +35,9 @@ import msgspec
 from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter
 from openenv_gym.errors import ConcurrentUse, ConfigurationError
-from openenv_gym.hosts.session import HostedSession
 from openenv_gym.redact import RedactedSpec
-from openenv_gym.session import STEP_TIMEOUT, EnvSession
+from openenv_gym.runners import Runner, SessionRunner
+from openenv_gym.session import START_TIMEOUT, STEP_TIMEOUT, EnvSession
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.wire import Message, Split
 
@@ -50,11 +46,12 @@ __all__ = ["AgentEnv"]
 _CLOSE_TIMEOUT = 30.0
 """Seconds :meth:`AgentEnv.close` waits for the backend; adapters bound their own teardown."""
 
+
 class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     """A chat environment backed by an :class:`~openenv_gym.adapters.base.Adapter`.
 
     Args:
-        adapter: the backend; started here and closed by :meth:`close`. ``None`` with ``hosted``.
+        adapter: the backend; started here and closed by :meth:`close`. ``None`` with ``runner``.
         split: the default split for :meth:`reset` (default: the first ``train`` split).
         max_turns: truncate an episode after this many agent actions (``None``: no limit).
         render_mode: ``"ansi"`` to have :meth:`render` return the latest messages as text.
@@ -63,9 +60,11 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             :data:`~openenv_gym.session.STEP_TIMEOUT`, 900 s; ``None``: no limit). The same name
             and default as the vector envs'. A step cut short this way, or by Ctrl-C, leaves the
             episode needing :meth:`reset`.
-        hosted: play the env in an adapter host process instead (``gym.make(id, python=...)`` or
-            ``isolate=True``): the same contract, every call one request to the host, made on the
-            caller's thread (a blocking socket needs no hop to the runtime loop).
+        start_timeout: seconds the backend may take to start (a local source launches a server;
+            default :data:`~openenv_gym.session.START_TIMEOUT`; ``None``: no limit).
+        runner: where the session lives when it is not this process (``gym.make(id, python=...)``
+            or ``isolate=True`` give a :class:`~openenv_gym.hosts.runner.HostRunner`); then
+            ``split`` and ``max_turns`` are the runner's.
 
     An env serves one caller at a time: a second thread calling ``reset`` or ``step`` while a
     call runs gets :class:`~openenv_gym.errors.ConcurrentUse`. A forgotten :meth:`close` is done
@@ -82,84 +81,40 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         max_turns: int | None = None,
         render_mode: str | None = None,
         step_timeout: float | None = STEP_TIMEOUT,
-        hosted: HostedSession | None = None,
+        start_timeout: float | None = START_TIMEOUT,
+        runner: Runner | None = None,
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigurationError(f"render_mode must be one of {self.metadata['render_modes']}")
+        for name, value in (("step_timeout", step_timeout), ("start_timeout", start_timeout)):
+            if value is not None and not value > 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
+        if (adapter is None) == (runner is None):
+            raise ConfigurationError("AgentEnv needs an adapter, or a runner (python=, isolate=True)")
         self.adapter = adapter
         self.render_mode = render_mode
-        if step_timeout is not None and not step_timeout > 0:
-            raise ConfigurationError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
         self.step_timeout = step_timeout
-        if (adapter is None) == (hosted is None):
-            raise ConfigurationError("AgentEnv needs an adapter, or a hosted session (python=, isolate=True)")
-        self._session: EnvSession | HostedSession = hosted or EnvSession(adapter, split=split, max_turns=max_turns)
-        self._hosted = hosted
-        self._own_loop = runtime.CallerLoop() if adapter is not None and adapter.caller_thread else None
-        self._run_on = self._own_loop.run if self._own_loop is not None else runtime.run_sync
-        if hosted is not None:
-            hosted.step_timeout = step_timeout
-        self._split = split
+        self.runner: Runner = runner or SessionRunner(EnvSession(adapter, split=split, max_turns=max_turns),
+                                                      own_loop=adapter.caller_thread)
+        """Where this env's session lives (:mod:`openenv_gym.runners`)."""
         self._closed = False
         self._busy = threading.Lock()
         try:
-            # Starting may launch a server (seconds to minutes; adapters bound it themselves):
-            # a short step_timeout is for steps, so the start gets at least the default.
-            start_limit = None if step_timeout is None else max(step_timeout, STEP_TIMEOUT)
-            if hosted is not None:
-                self._base_tools = hosted.start(start_limit)
-                if split is not None:
-                    hosted.num_tasks(split)  # fail at construction for an unknown split
-            else:
-                self._run_on(self._start(), start_limit, what="starting the environment", limit="the start limit")
+            self._base_tools = self.runner.start(start_timeout)
+            if split is not None and runner is not None:
+                self.runner.task_api("num_tasks", (split,), start_timeout)  # fail now for an unknown split
         except BaseException:
             self._closed = True
-            with contextlib.suppress(Exception):
-                if hosted is not None:
-                    hosted.close()
-                else:
-                    self._close_with(self._release_backend())
+            self.runner.close(_CLOSE_TIMEOUT)
             raise
         runtime.track(self)
         self.observation_space = Messages()
         self.action_space = AssistantAction(self._base_tools)
 
-    async def _start(self) -> None:
-        assert self.adapter is not None
-        await self.adapter.start()
-        self._base_tools = await self.adapter.tools()
-        if self._split is not None:
-            await self.adapter.num_tasks(self._split)  # fail at construction for an unknown split
-
-    async def _release_backend(self) -> None:
-        """Close the adapter, or stop the host process that runs it."""
-        if self._hosted is not None:
-            await asyncio.to_thread(self._hosted.close)
-        elif self.adapter is not None:
-            await self.adapter.aclose()
-
     @property
     def max_turns(self) -> int | None:
         """Agent actions after which an episode is truncated (``None``: no limit)."""
-        return self._session.max_turns
-
-    def _run(self, coro: Any, what: str) -> Any:
-        """Run one call of this env on its loop (the runtime loop, or its own), bounded by ``step_timeout``."""
-        return self._run_on(coro, self.step_timeout, what=what)
-
-    def _close_with(self, coro: Any) -> None:
-        """Run a closing coroutine, bounded by the close limit (then close the env's own loop)."""
-        if self._own_loop is not None:
-            self._own_loop.close(coro, _CLOSE_TIMEOUT)
-        else:
-            runtime.run_sync(coro, _CLOSE_TIMEOUT)
-
-    def _call(self, name: str, *args: Any) -> Any:
-        """Call the session's ``name``: a hosted session's calls block on the caller's thread (each
-        bounded by ``step_timeout`` itself); an in-process one's run on the runtime loop."""
-        if self._hosted is not None:
-            return getattr(self._hosted, name)(*args)
-        return self._run(getattr(self._session, name)(*args), "step" if name == "step" else f"{name}()")
+        return self.runner.max_turns
 
     @contextlib.contextmanager
     def _one_caller(self, what: str) -> Iterator[None]:
@@ -179,17 +134,17 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     def splits(self) -> list[Split]:
         """The task splits, in the backend's order."""
         self._check_open()
-        return self._call("splits")
+        return self.runner.task_api("splits", (), self.step_timeout)
 
     def num_tasks(self, split: str | None = None) -> int:
         """How many tasks ``split`` (default: the env's default split) holds."""
         self._check_open()
-        return self._call("num_tasks", split)
+        return self.runner.task_api("num_tasks", (split,), self.step_timeout)
 
     def task(self, split: str, index: int) -> dict[str, Any]:
         """The task spec at ``index`` of ``split``; it may hold the answer, so keep it from the agent."""
         self._check_open()
-        return self._call("task", split, index)
+        return self.runner.task_api("task", (split, index), self.step_timeout)
 
     # -- episode -------------------------------------------------------------------------------
     def reset(
@@ -222,9 +177,10 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         """
         with self._one_caller("reset"):
             self._check_open()
-            if self._hosted is not None:
-                return self._hosted_reset(seed, options)
-            return self._run(self._areset(seed, options), "reset")
+            gym.Env.reset(self, seed=seed)
+            obs, info = self.runner.reset(self.np_random, options, self.step_timeout)
+            self.action_space.tools = list(self.runner.tools)
+            return obs, info
 
     def step(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """Apply one assistant action and return what it produced.
@@ -261,50 +217,26 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             raise self._concurrent("step")
         try:
             self._check_open()
-            self._session.check_steppable()
-            return self._call("step", action)
+            self.runner.check_steppable()
+            return self.runner.step(action, self.step_timeout)
         finally:
             self._busy.release()
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """:meth:`reset` as a coroutine (runs on the runtime loop whatever loop awaits it)."""
-        if self._hosted is not None:  # blocking calls on a socket of their own: a worker thread
-            return await asyncio.to_thread(self._hosted_reset, seed, options)
-        if self._own_loop is not None:  # a loop of its own, which this thread's loop cannot drive
-            return await asyncio.to_thread(self.reset, seed=seed, options=options)
-        return await runtime.on_runtime(runtime.within(self._areset(seed, options), self.step_timeout, "reset"))
+        """:meth:`reset` as a coroutine, from any event loop."""
+        self._check_open()
+        gym.Env.reset(self, seed=seed)
+        obs, info = await self.runner.areset(self.np_random, options, self.step_timeout)
+        self.action_space.tools = list(self.runner.tools)
+        return obs, info
 
     async def astep(self, action: Any) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
-        """:meth:`step` as a coroutine."""
+        """:meth:`step` as a coroutine, from any event loop."""
         self._check_open()
-        self._session.check_steppable()
-        if self._hosted is not None:
-            return await asyncio.to_thread(self._hosted.step, action)
-        if self._own_loop is not None:
-            return await asyncio.to_thread(self.step, action)
-        return await runtime.on_runtime(runtime.within(self._session.step(action), self.step_timeout, "step"))
-
-    async def _areset(
-        self, seed: int | None, options: dict[str, Any] | None
-    ) -> tuple[list[Message], dict[str, Any]]:
-        self._check_open()
-        gym.Env.reset(self, seed=seed)
-        self._session.np_random = self.np_random  # task choice draws from the env's own rng
-        obs, info = await self._session.reset(None, options)  # type: ignore[misc]
-        self.action_space.tools = list(self._session.tools)
-        return obs, info
-
-    def _hosted_reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[list[Message], dict[str, Any]]:
-        """:meth:`_areset` for a hosted session, on the caller's thread."""
-        assert self._hosted is not None
-        self._check_open()
-        gym.Env.reset(self, seed=seed)
-        self._hosted.np_random = self.np_random
-        obs, info = self._hosted.reset(None, options)
-        self.action_space.tools = list(self._hosted.tools)
-        return obs, info
+        self.runner.check_steppable()
+        return await self.runner.astep(action, self.step_timeout)
 
     # -- rendering and closing -------------------------------------------------------------------
     def render(self) -> str | None:
@@ -312,7 +244,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if self.render_mode != "ansi":
             return None
         lines = []
-        for m in self._session.last_messages:
+        for m in self.runner.last_messages:
             content = m.get("content")
             if not isinstance(content, str):
                 content = msgspec.json.encode(content).decode()
@@ -329,19 +261,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             return
         self._closed = True
         runtime.untrack(self)
-        if self._hosted is not None:
-            self._hosted.close()
-            return
-        self._close_with(self._aclose())
-
-    async def _aclose(self) -> None:
-        if self._hosted is not None:
-            await self._release_backend()
-            return
-        try:
-            await self._session.aclose()
-        finally:
-            await self._release_backend()
+        self.runner.close(_CLOSE_TIMEOUT)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,7 +273,4 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if not getattr(self, "_closed", True):
             self._closed = True
             runtime.untrack(self)
-            if getattr(self, "_own_loop", None) is not None:
-                self._own_loop.close_later(self._aclose())
-            else:
-                runtime.close_later(self._aclose())
+            self.runner.close_later()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -29,20 +29,87 @@ from openenv_gym.errors import ConfigurationError
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.spaces import AssistantAction
-from openenv_gym.vector import AgentVectorEnv
+from openenv_gym.shard.ops import Op, Result
+from openenv_gym.vector.base import AgentVectorEnv, VectorBackend
 from openenv_gym.vector.groups import check_group_size
-from openenv_gym.vector.ops import Op, Result
 
 __all__ = ["MixtureVectorEnv", "make_mixture"]
 
 
 class _Part:
-    """One id's block of sub-envs: its vector env (used as a backend only) and its first index."""
+    """One id's block of sub-envs: its vector env (kept for its attributes), its backend, its first index."""
 
-    __slots__ = ("name", "envs", "offset", "size")
+    __slots__ = ("name", "envs", "backend", "offset", "size")
 
     def __init__(self, name: str, envs: AgentVectorEnv, offset: int):
         self.name, self.envs, self.offset, self.size = name, envs, offset, envs.num_envs
+        self.backend: VectorBackend = envs._backend
+
+
+class _Parts:
+    """The mixture's backend: each id's own backend, its sub-env ids renumbered into the mixture's."""
+
+    def __init__(self, parts: list[_Part]):
+        self.parts = parts
+        self._owner = [p for p in parts for _ in range(p.size)]
+        self.deliver: Callable[[Result], None] = lambda result: None
+        for part in parts:
+            part.backend.deliver = functools.partial(self._from_part, part)
+
+    def _tagged(self, part: _Part, result: Result) -> Result:
+        result.env_id += part.offset
+        result.info["env"] = part.name
+        return result
+
+    def _from_part(self, part: _Part, result: Result) -> None:
+        self.deliver(self._tagged(part, result))
+
+    def _by_part(self, env_ids: Iterable[int]) -> dict[int, tuple[_Part, list[int]]]:
+        by_part: dict[int, tuple[_Part, list[int]]] = {}
+        for i in env_ids:
+            part = self._owner[i]
+            by_part.setdefault(id(part), (part, []))[1].append(i - part.offset)
+        return by_part
+
+    def send(self, ops: list[Op]) -> None:
+        by_part: dict[int, tuple[_Part, list[Op]]] = {}
+        for op in ops:
+            part = self._owner[op.env_id]
+            by_part.setdefault(id(part), (part, []))[1].append(
+                msgspec.structs.replace(op, env_id=op.env_id - part.offset))
+        for part, part_ops in by_part.values():
+            part.backend.send(part_ops)
+
+    def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
+        here: list[Result] = []
+        for part in self.parts:
+            results = part.backend.settle(all_needed, limit)
+            if results:
+                here += [self._tagged(part, r) for r in results]
+        return here or None
+
+    async def cancel(self, env_ids: Iterable[int]) -> None:
+        for part, local in self._by_part(env_ids).values():
+            await part.backend.cancel(local)
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        values: list[Any] = []
+        for part in self.parts:
+            values.extend(await part.backend.call(name, args, kwargs))
+        return values
+
+    async def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        for part in self.parts:
+            await part.backend.set_attr(name, values[part.offset:part.offset + part.size])
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(p.backend.aclose() for p in self.parts), return_exceptions=True)
+        for part in self.parts:
+            part.envs.closed = True  # its backend is closed; nothing is left for its own close()
+
+    def release(self) -> None:
+        for part in self.parts:
+            part.backend.release()
 
 
 class MixtureVectorEnv(RedactedSpec, AgentVectorEnv):
@@ -56,79 +123,30 @@ class MixtureVectorEnv(RedactedSpec, AgentVectorEnv):
 
     def __init__(self, parts: list[tuple[str, AgentVectorEnv]], *, autoreset_mode: AutoresetMode | str,
                  step_timeout: float | None):
-        self._parts: list[_Part] = []
+        blocks: list[_Part] = []
         offset = 0
         for name, envs in parts:
-            part = _Part(name, envs, offset)
-            # The part's results come to the mixture; the part's own bookkeeping stays unused.
-            envs._deliver = functools.partial(self._from_part, part)  # type: ignore[method-assign]
             runtime.untrack(envs)  # closed by the mixture, never on its own
-            self._parts.append(part)
-            offset += part.size
-        self._owner = [p for p in self._parts for _ in range(p.size)]
-        self.env_names: tuple[str, ...] = tuple(p.name for p in self._owner)
+            blocks.append(_Part(name, envs, offset))
+            offset += envs.num_envs
+        self._parts = blocks
+        owner = [p for p in blocks for _ in range(p.size)]
+        self.env_names: tuple[str, ...] = tuple(p.name for p in owner)
         """The id of each sub-env."""
         self.single_action_spaces: tuple[AssistantAction, ...] = tuple(
-            p.envs.single_action_space for p in self._owner)  # type: ignore[misc]
+            p.envs.single_action_space for p in owner)  # type: ignore[misc]
         """Each sub-env's own action space (its id's tools)."""
         tools: dict[str, Any] = {}
-        for part in self._parts:
+        for part in blocks:
             for tool in part.envs.single_action_space.tools:  # type: ignore[attr-defined]
                 tools.setdefault(tool.name, tool)
-        super().__init__(offset, list(tools.values()), autoreset_mode=autoreset_mode, step_timeout=step_timeout)
-        self._any_action = any(p.envs._any_action for p in self._parts)
+        super().__init__(offset, list(tools.values()), _Parts(blocks), autoreset_mode=autoreset_mode,
+                         step_timeout=step_timeout, any_action=any(p.envs._any_action for p in blocks))
 
     @property
     def parts(self) -> dict[str, AgentVectorEnv]:
         """Each id's vector env (its backend: actors, host processes...)."""
         return {p.name: p.envs for p in self._parts}
-
-    def _from_part(self, part: _Part, result: Result) -> None:
-        result.env_id += part.offset
-        result.info["env"] = part.name
-        self._deliver(result)
-
-    def _split(self, env_ids: Iterable[int]) -> dict[int, list[int]]:
-        by_part: dict[int, list[int]] = {}
-        for i in env_ids:
-            part = self._owner[i]
-            by_part.setdefault(id(part), []).append(i - part.offset)
-        return by_part
-
-    def _part(self, key: int) -> _Part:
-        return next(p for p in self._parts if id(p) == key)
-
-    # -- the backend: each part's own -------------------------------------------------------------
-    async def _execute(self, ops: list[Op]) -> None:
-        by_part: dict[int, list[Op]] = {}
-        for op in ops:
-            part = self._owner[op.env_id]
-            by_part.setdefault(id(part), []).append(msgspec.structs.replace(op, env_id=op.env_id - part.offset))
-        for key, part_ops in by_part.items():
-            await self._part(key).envs._execute(part_ops)
-
-    async def _cancel(self, env_ids: Iterable[int]) -> None:
-        for key, local in self._split(env_ids).items():
-            await self._part(key).envs._cancel(local)
-
-    async def _call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        values: list[Any] = []
-        for part in self._parts:
-            values.extend(await part.envs._call(name, args, kwargs))
-        return values
-
-    async def _set_attr(self, name: str, values: list[Any]) -> None:
-        for part in self._parts:
-            await part.envs._set_attr(name, values[part.offset:part.offset + part.size])
-
-    async def _aclose_backend(self) -> None:
-        await asyncio.gather(*(p.envs._aclose_backend() for p in self._parts), return_exceptions=True)
-        for part in self._parts:
-            part.envs.closed = True  # its backend is closed; nothing is left for its own close()
-
-    def _release(self) -> None:
-        for part in self._parts:
-            part.envs._release()
 
 
 def make_mixture(

@@ -79,7 +79,7 @@ NEEDS: dict[str, str] = {
 }
 """What an id of each adapter needs from ``gym.make`` when its spec holds no source (for ``list``)."""
 
-ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout")
+ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout", "start_timeout")
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
 
 HOST_KWARGS = ("python", "isolate")
@@ -175,7 +175,7 @@ def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     """Gymnasium entry point of every openenv id: an :class:`~openenv_gym.env.AgentEnv` over ``adapter``.
 
     ``kwargs`` are the adapter's constructor kwargs plus the env's :data:`ENV_KWARGS` (``split``,
-    ``max_turns``, ``render_mode``, ``step_timeout``). An unknown name is a
+    ``max_turns``, ``render_mode``, ``step_timeout``, ``start_timeout``). An unknown name is a
     :class:`~openenv_gym.errors.ConfigurationError` naming it, with close matches, before
     anything is built.
     """
@@ -185,10 +185,11 @@ def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     python = env_kwargs.pop("python", None)
     try:
         if python is not None:
-            from openenv_gym.hosts.session import HostedSession
+            from openenv_gym.hosts.runner import HostRunner
 
-            hosted = HostedSession(python.resolve(), spec, split=env_kwargs.get("split"), max_turns=env_kwargs.pop("max_turns", None))
-            return AgentEnv(None, hosted=hosted, **env_kwargs)
+            runner = HostRunner(python.resolve(), spec, split=env_kwargs.get("split"),
+                                max_turns=env_kwargs.pop("max_turns", None))
+            return AgentEnv(None, runner=runner, **env_kwargs)
         return AgentEnv(spec.build(), **env_kwargs)
     except TypeError as exc:
         # Gymnasium would re-raise a TypeError with every kwarg in its message, secrets included.
@@ -237,7 +238,7 @@ def make_vec(
     cls = vector.backend_class(backend, hosted="python" in env_kwargs)
     takes = accepted_kwargs(cls)
     if takes is not None:
-        own = {"num_envs", "adapter", "split", "max_turns", "step_timeout", "python"}  # set by make_vec itself
+        own = {"num_envs", "adapter", "split", "max_turns", "step_timeout", "start_timeout", "python"}  # make_vec sets these
         check_kwargs(options, takes - own, f"vector_options of the {backend!r} backend")
     if autoreset_mode is not None:
         options["autoreset_mode"] = autoreset_mode

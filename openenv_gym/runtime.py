@@ -521,6 +521,11 @@ class CallerLoop:
     def closed(self) -> bool:
         return self._loop.is_closed()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop itself (to inspect its tasks; it runs only inside :meth:`run`)."""
+        return self._loop
+
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, what: str | None = None,
             limit: str = "step_timeout") -> T:
         """Run ``coro`` to completion on this loop, on the calling thread (see the class docstring)."""

@@ -23,7 +23,7 @@ from openenv_gym.errors import (
 )
 from openenv_gym.wire import Message, TaskRef, ToolSpec, to_plain_json
 
-__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT"]
+__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "check_steppable"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
 
@@ -31,6 +31,11 @@ STEP_TIMEOUT = 900.0
 """The default ``step_timeout`` of every env and vector env: the seconds one reset or step may
 take before it is cancelled with :class:`~openenv_gym.errors.BackendTimeout`. Long, because one
 step may run several slow tools; never unlimited, because a hung backend must not hang a trainer."""
+
+START_TIMEOUT = 600.0
+"""The default ``start_timeout`` of every env and vector env: the seconds starting may take (a local
+source launches a server; an isolated env starts a host process; Ray places actors) before it is
+abandoned with :class:`~openenv_gym.errors.BackendTimeout` naming that limit."""
 
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 

@@ -27,6 +27,10 @@ from openenv_gym.testing import procs
 
 ENVS = Path(__file__).parent / "envs"
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
+# Test modules import ray before openenv_gym's Ray backend does: have it read the single-machine
+# setting anyway, so the local clusters the tests start bind 127.0.0.1 (openenv_gym.vector.ray).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The TRL example's tests need torch and TRL, which live in their own venv (.ci/trl.sh builds it
 # and runs them there); the main venv does not collect them rather than report them skipped.
 collect_ignore = [] if importlib.util.find_spec("trl") else ["examples/test_trl_grpo.py"]

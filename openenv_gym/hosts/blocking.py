@@ -27,10 +27,11 @@ from typing import IO, Any
 
 import msgspec
 
-from openenv_gym.adapters.ors_serve import is_stopped
 from openenv_gym.errors import BackendTimeout, HostDied, from_wire
-from openenv_gym.hosts.process import START_TIMEOUT, gone_message, init_body, init_failed, kill_group, spawn
-from openenv_gym.hosts.protocol import Frame, pack, unpack
+from openenv_gym.hosts.process import INIT_TIMEOUT, gone_message, init_body, init_failed, kill_group, spawn
+from openenv_gym.hosts.protocol import Frame, Kind, pack, unpack
+from openenv_gym.processes import is_stopped
+from openenv_gym.shard.shard import ShardConfig
 
 __all__ = ["BlockingHost"]
 
@@ -42,7 +43,7 @@ _decode_info = msgspec.msgpack.Decoder(dict[str, Any])
 class BlockingHost:
     """One host process and its socket, used by one thread at a time (a lock keeps it so)."""
 
-    def __init__(self, python: str, init: dict[str, Any]):
+    def __init__(self, python: str, init: ShardConfig):
         self.python = python
         self._init = init
         self.process: subprocess.Popen[bytes] | None = None
@@ -60,12 +61,12 @@ class BlockingHost:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
-    def open(self, timeout: float = START_TIMEOUT) -> None:
+    def open(self, timeout: float = INIT_TIMEOUT) -> None:
         """Start the process and build its host (errors as :meth:`HostProcess.open
         <openenv_gym.hosts.process.HostProcess.open>` raises them)."""
         self.process, self._sock, self._output = spawn(self.python)
         try:
-            reply, _ = self.request("init", init_body(self._init), timeout=timeout)
+            reply, _ = self.request(Kind.INIT, init_body(self._init), timeout=timeout)
         except BackendTimeout:
             self.kill()
             raise init_failed(self.python, TimeoutError(), timeout) from None
@@ -75,7 +76,7 @@ class BlockingHost:
         self.info = _decode_info.decode(reply)
 
     # -- requests --------------------------------------------------------------------------------
-    def request(self, method: str, body: bytes = b"", *, timeout: float | None = None,
+    def request(self, method: Kind, body: bytes = b"", *, timeout: float | None = None,
                 what: str | None = None, limit: str = "step_timeout",
                 abandoned: Callable[[], None] | None = None) -> tuple[bytes, list[bytes]]:
         """Send one request and wait for its answer: ``(reply body, results frames' bodies)``.
@@ -87,7 +88,7 @@ class BlockingHost:
         with self._lock:
             return self._request(method, body, timeout, what, limit, abandoned)
 
-    def _request(self, method: str, body: bytes, timeout: float | None, what: str | None, limit: str,
+    def _request(self, method: Kind, body: bytes, timeout: float | None, what: str | None, limit: str,
                  abandoned: Callable[[], None] | None) -> tuple[bytes, list[bytes]]:
         if self.gone is not None:
             raise HostDied(self.gone)
@@ -100,12 +101,12 @@ class BlockingHost:
             while True:
                 frame = self._read(deadline)
                 if frame is None:
-                    raise BackendTimeout(f"{what or method} did not finish within {limit}={timeout} s")
+                    raise BackendTimeout(f"{what or method.name} did not finish within {limit}={timeout} s")
                 if frame.id != call_id:
                     continue  # the late answer of a request given up earlier
-                if frame.kind == "results":
+                if frame.kind is Kind.RESULTS:
                     streamed.append(frame.body)
-                elif frame.kind == "error":
+                elif frame.kind is Kind.ERROR:
                     raise from_wire(frame.error or {})
                 else:
                     return frame.body, streamed
@@ -115,7 +116,7 @@ class BlockingHost:
                     abandoned()
             raise
 
-    def notify(self, method: str, body: bytes = b"") -> None:
+    def notify(self, method: Kind, body: bytes = b"") -> None:
         """Send a request whose answer nobody waits for (``cancel``); never blocks long, never raises."""
         if self.gone is None and self._sock is not None:
             with contextlib.suppress(OSError, HostDied):
@@ -186,8 +187,8 @@ class BlockingHost:
             if got and self.gone is None and self._sock is not None and self.process is not None \
                     and self.process.poll() is None:
                 with contextlib.suppress(BaseException):
-                    self._request("close", b"", timeout, None, "the close limit", None)
-                self.notify("bye")
+                    self._request(Kind.CLOSE, b"", timeout, None, "the close limit", None)
+                self.notify(Kind.BYE)
             elif not got and self._sock is not None:
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
@@ -218,3 +219,22 @@ class BlockingHost:
     def kill(self) -> None:
         """SIGKILL the host's whole process group (its servers too); never raises."""
         kill_group(self.process)
+
+    def check_alive(self, timeout: float) -> bool:
+        """Whether the host answers a liveness check within ``timeout`` s; one that does not
+        (stopped, frozen, its stream corrupted) is killed and marked gone."""
+        if self.gone is not None:
+            return False
+        if self.process is not None and is_stopped(self.process.pid):
+            self.gone = f"the host process (pid {self.pid}) is stopped (SIGSTOP); it was killed"
+            self.kill()
+            return False
+        try:
+            self.request(Kind.PID, timeout=timeout, what="the liveness check", limit="its timeout")
+            return True
+        except Exception:  # noqa: BLE001 - no answer, or no usable answer: as good as dead
+            if self.gone is None:
+                self.gone = (f"the host process (pid {self.pid}) stopped answering (no answer to a liveness "
+                             f"check within {timeout} s after a missed deadline); it was killed")
+            self.kill()
+            return False

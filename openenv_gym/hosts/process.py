@@ -1,10 +1,10 @@
 """HostProcess: an adapter host (:mod:`openenv_gym.hosts.server`) under another interpreter.
 
 The driver's side of the host process: it starts ``python -m openenv_gym.hosts.server`` with one
-end of a ``socketpair`` (so nothing else on the machine can reach the host), builds the shard's
-:class:`~openenv_gym.hosts.shard.EnvHost` there with an ``init`` frame, then sends requests and
-matches answers by id. :class:`ProcessHandle` is the :class:`~openenv_gym.hosts.handle.Handle`
-a vector env's driver holds for it.
+end of a ``socketpair`` (so nothing else on the machine can reach the host), builds the
+:class:`~openenv_gym.shard.shard.Shard` there with an ``INIT`` frame, then sends requests and
+matches answers by id. :class:`ProcessHandle` is the :class:`~openenv_gym.shard.handle.Handle` a
+vector env's driver holds for it.
 
 The host gets its own session (a terminal's Ctrl-C is the trainer's to handle) and dies with the
 driver (``PR_SET_PDEATHSIG``, and end of stream on its socket). If it dies or its stream breaks,
@@ -26,29 +26,30 @@ from typing import IO, Any
 
 import msgspec
 
-from openenv_gym.adapters.ors_serve import is_stopped
 from openenv_gym.errors import ConfigurationError, HostDied, OpenEnvGymError, from_wire
-from openenv_gym.hosts.handle import Handle
-from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
-from openenv_gym.hosts.shard import decode_tools
-from openenv_gym.vector.ops import Result, decode_results
+from openenv_gym.hosts.protocol import PROTOCOL, Frame, Kind, read_frame, write_frame
+from openenv_gym.processes import is_stopped
+from openenv_gym.shard.handle import EncodedHandle
+from openenv_gym.shard.ops import Result, decode_results
+from openenv_gym.shard.shard import ShardConfig, decode_tools
 from openenv_gym.wire import ToolSpec
 
-__all__ = ["HostProcess", "ProcessHandle", "START_TIMEOUT", "spawn", "init_body", "init_failed", "gone_message",
+__all__ = ["HostProcess", "ProcessHandle", "INIT_TIMEOUT", "spawn", "init_body", "init_failed", "gone_message",
            "kill_group"]
 
-START_TIMEOUT = 120.0
-"""Seconds a host process may take to import openenv_gym and answer ``init`` (its adapters'
-start, which may launch servers, is a separate request with its own bound)."""
+INIT_TIMEOUT = 120.0
+"""Default seconds a host process may take to import openenv_gym and answer ``INIT``; the caller's
+start limit caps it (its adapters' start, which may launch servers, is a separate request)."""
 _STDERR_TAIL = 2000
 _msgpack = msgspec.msgpack.Encoder()
 _decode_info = msgspec.msgpack.Decoder(dict[str, Any])
+_decode_int = msgspec.msgpack.Decoder(int)
 
 
 class HostProcess:
     """One host process and the requests in flight to it. Use on the runtime loop only."""
 
-    def __init__(self, python: str, init: dict[str, Any]):
+    def __init__(self, python: str, init: ShardConfig):
         self.python = python
         self._init = init
         self.process: subprocess.Popen[bytes] | None = None
@@ -68,7 +69,7 @@ class HostProcess:
         return None if self.process is None else self.process.pid
 
     # -- start -----------------------------------------------------------------------------------
-    async def open(self, timeout: float = START_TIMEOUT) -> None:
+    async def open(self, timeout: float = INIT_TIMEOUT) -> None:
         """Start the process and build its host; :class:`ConfigurationError` if the interpreter
         cannot run one (openenv_gym missing there, another version), :class:`HostDied` if it dies."""
         self.process, ours, self._stderr = spawn(self.python)
@@ -76,7 +77,7 @@ class HostProcess:
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
         try:
             async with asyncio.timeout(timeout):
-                reply = await self.request("init", init_body(self._init))
+                reply = await self.request(Kind.INIT, init_body(self._init))
         except BaseException as exc:
             self.kill()
             raise init_failed(self.python, exc, timeout) from None
@@ -90,7 +91,7 @@ class HostProcess:
         why = "its stream ended"
         try:
             while (frame := await read_frame(reader)) is not None:
-                if frame.kind == "results":
+                if frame.kind is Kind.RESULTS:
                     stream = self._streams.get(frame.id)
                     if stream is not None:
                         stream(frame.body)
@@ -98,7 +99,7 @@ class HostProcess:
                 future = self._waiting.pop(frame.id, None)
                 if future is None or future.done():
                     continue
-                if frame.kind == "error":
+                if frame.kind is Kind.ERROR:
                     future.set_exception(from_wire(frame.error or {}))
                 else:
                     future.set_result(frame.body)
@@ -118,7 +119,7 @@ class HostProcess:
                 future.set_exception(HostDied(self.gone))
         self._streams.clear()
 
-    async def request(self, method: str, body: bytes = b"", stream: Callable[[bytes], None] | None = None) -> bytes:
+    async def request(self, method: Kind, body: bytes = b"", stream: Callable[[bytes], None] | None = None) -> bytes:
         """Send one request and wait for its answer; ``stream`` gets each ``results`` frame."""
         if self.gone is not None:
             raise HostDied(self.gone)
@@ -136,7 +137,7 @@ class HostProcess:
             self._waiting.pop(call_id, None)
             self._streams.pop(call_id, None)
 
-    def notify(self, method: str, body: bytes = b"") -> None:
+    def notify(self, method: Kind, body: bytes = b"") -> None:
         """Send a request whose answer nobody waits for."""
         if self.gone is None and self._writer is not None:
             write_frame(self._writer, Frame(0, method, body))
@@ -149,9 +150,9 @@ class HostProcess:
         with contextlib.suppress(BaseException):
             if self.gone is None and self.process is not None and self.process.poll() is None:
                 async with asyncio.timeout(timeout):
-                    await self.request("close")
+                    await self.request(Kind.CLOSE)
         with contextlib.suppress(BaseException):
-            self.notify("bye")
+            self.notify(Kind.BYE)
             if self._writer is not None:
                 self._writer.close()
         await self._reap(timeout=5.0)
@@ -182,42 +183,45 @@ class HostProcess:
         kill_group(self.process)
 
 
-class ProcessHandle(Handle):
-    """A shard of sub-envs in a :class:`HostProcess` (results streamed as they finish)."""
+class ProcessHandle(EncodedHandle):
+    """A shard in a :class:`HostProcess` (results streamed as they finish).
+
+    ``init_timeout``: seconds the process may take to answer ``INIT`` (the caller's start limit).
+    """
 
     label = "host process"
 
-    def __init__(self, python: str, init: dict[str, Any]):
+    def __init__(self, python: str, init: ShardConfig, *, init_timeout: float = INIT_TIMEOUT):
+        super().__init__(any_action=bool(init.env_wrappers))
         self.process = HostProcess(python, init)
+        self._init_timeout = init_timeout
 
     async def start(self) -> list[ToolSpec]:
         if self.process.process is None:
-            await self.process.open()
-        return decode_tools(await self.process.request("start"))
+            await self.process.open(self._init_timeout)
+        return decode_tools(await self.process.request(Kind.START))
 
-    async def run(self, data: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
+    async def run(self, payload: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
         def stream(body: bytes) -> None:
             for result in decode_results(body):
                 deliver(result)
 
-        rest = await self.process.request("run", data, stream)
+        rest = await self.process.request(Kind.RUN, payload, stream)
         if rest:  # the results the reply carries (all of a one-op run's)
             stream(rest)
 
     def cancel(self, requests: list[tuple[int, int]]) -> None:
-        self.process.notify("cancel", _msgpack.encode(requests))
+        self.process.notify(Kind.CANCEL, _msgpack.encode(requests))
 
     async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        return pickle.loads(await self.process.request("call", pickle.dumps((name, args, kwargs))))
+        return pickle.loads(await self.process.request(Kind.CALL, pickle.dumps((name, args, kwargs))))
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
-        await self.process.request("set_attr", pickle.dumps((name, values)))
+        await self.process.request(Kind.SET_ATTR, pickle.dumps((name, values)))
 
     async def pid(self) -> int:
-        pid = self.process.pid
-        if pid is None or self.process.gone is not None:
-            raise HostDied(self.process.gone or "the host process is not running")
-        return pid
+        """Asks the host itself: a stopped or frozen host does not answer."""
+        return _decode_int.decode(await self.process.request(Kind.PID))
 
     async def close(self, timeout: float) -> None:
         await self.process.close(timeout)
@@ -250,9 +254,9 @@ def spawn(python: str) -> tuple[subprocess.Popen[bytes], socket.socket, IO[bytes
     return process, ours, output
 
 
-def init_body(init: dict[str, Any]) -> bytes:
-    """The ``init`` request: how the host builds its :class:`~openenv_gym.hosts.shard.EnvHost`."""
-    return pickle.dumps({**init, "protocol": PROTOCOL})
+def init_body(init: ShardConfig) -> bytes:
+    """The ``INIT`` request: the protocol version, and the config the host builds its shard from."""
+    return pickle.dumps((PROTOCOL, init))
 
 
 def init_failed(python: str, exc: BaseException, timeout: float) -> BaseException:

@@ -4,26 +4,29 @@ A driver and the host process it started share a ``socketpair`` (no path on disk
 process of the machine can connect to it, whoever it runs as). Each message is one
 :class:`Frame`: a 4-byte big-endian length, then the msgpack-encoded frame.
 
-Driver to host, ``kind`` is a method of :class:`~openenv_gym.hosts.shard.EnvHost` (plus ``init``,
-which builds it, and ``bye``, which ends the host); ``id`` pairs the answer with its request
-(``0``: no answer wanted, as for ``cancel``). Host to driver, ``kind`` is ``reply`` (the method
-returned ``body``), ``error`` (it raised; ``error`` is ``{"type", "message"}``) or ``results`` (some
-of a ``run``'s results, sent as they finish, before its ``reply``; the ``reply`` of a ``run`` holds
-the results not streamed yet, so a one-op run costs one frame each way). Op and result bodies are the
-same msgpack bytes a Ray actor exchanges (:mod:`openenv_gym.vector.ops`).
+Driver to host, ``kind`` is one of the closed set of :class:`Kind` requests: a method of the
+host's :class:`~openenv_gym.shard.shard.Shard`, plus ``INIT`` (builds it from a pickled
+:class:`~openenv_gym.shard.shard.ShardConfig`) and ``BYE`` (ends the host); ``id`` pairs the
+answer with its request (``0``: no answer wanted, as for ``CANCEL``). Host to driver, ``kind`` is
+``REPLY`` (the method returned ``body``), ``ERROR`` (it raised; ``error`` is ``{"type",
+"message"}``) or ``RESULTS`` (some of a ``RUN``'s results, sent as they finish, before its
+``REPLY``; the ``REPLY`` of a ``RUN`` holds the results not streamed yet, so a one-op run costs one
+frame each way). Op and result bodies are the same msgpack bytes a Ray actor exchanges
+(:mod:`openenv_gym.shard.ops`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import struct
 from typing import Any
 
 import msgspec
 
-__all__ = ["Frame", "PROTOCOL", "read_frame", "write_frame", "pack", "unpack", "MAX_FRAME"]
+__all__ = ["Frame", "Kind", "PROTOCOL", "read_frame", "write_frame", "pack", "unpack", "MAX_FRAME"]
 
-PROTOCOL = 2
+PROTOCOL = 3
 """Bumped on any change of the frames or the methods; both ends check it at ``init``."""
 
 MAX_FRAME = 1 << 30
@@ -32,9 +35,26 @@ MAX_FRAME = 1 << 30
 _HEADER = struct.Struct(">I")
 
 
+class Kind(enum.IntEnum):
+    """What a frame is: a request of the driver, or an answer of the host."""
+
+    INIT = 0
+    START = 1
+    RUN = 2
+    CANCEL = 3
+    CALL = 4
+    SET_ATTR = 5
+    PID = 6
+    CLOSE = 7
+    BYE = 8
+    REPLY = 20
+    ERROR = 21
+    RESULTS = 22
+
+
 class Frame(msgspec.Struct, array_like=True, omit_defaults=True):
     id: int
-    kind: str
+    kind: Kind
     body: bytes = b""
     error: dict[str, Any] | None = None
 

@@ -2,10 +2,11 @@
 
 Started by :class:`~openenv_gym.hosts.process.HostProcess` under the interpreter the env needs
 (``python=``, or the venv ``isolate=True`` built). It serves one
-:class:`~openenv_gym.hosts.shard.EnvHost` over the inherited socket ``N``
-(:mod:`openenv_gym.hosts.protocol`): an ``init`` frame builds it, then each frame calls one of its
-methods, concurrently. A ``run``'s results go back as they finish, gathered per loop iteration,
-so the driver sees the first-ready order across processes.
+:class:`~openenv_gym.shard.shard.Shard` over the inherited socket ``N``
+(:mod:`openenv_gym.hosts.protocol`): an ``INIT`` frame builds it, then each frame calls one of its
+methods, concurrently, through a table of the closed set of requests. A ``RUN``'s results go back
+as they finish, gathered per loop iteration, so the driver sees the first-ready order across
+processes.
 
 It ends when the driver says ``bye``, when the socket closes (the driver exited or closed it), or
 when the driver dies (``PR_SET_PDEATHSIG``); each way its env's episodes and servers are closed
@@ -23,27 +24,20 @@ import sys
 
 import msgspec
 
-from openenv_gym.adapters.ors_serve import die_with_parent
-from openenv_gym.hosts.protocol import PROTOCOL, Frame, read_frame, write_frame
-from openenv_gym.hosts.shard import EnvHost, encodable
-from openenv_gym.vector.ops import Result, decode_ops, encode_results, error_dict
+from openenv_gym.hosts.protocol import PROTOCOL, Frame, Kind, read_frame, write_frame
+from openenv_gym.processes import die_with_parent
+from openenv_gym.shard.ops import Result, decode_ops, encode_results, error_dict
+from openenv_gym.shard.shard import Shard
 
 _CLOSE_TIMEOUT = 30.0
 _msgpack = msgspec.msgpack.Encoder()
 _requests = msgspec.msgpack.Decoder(list[tuple[int, int]])
 
 
-def _encode(results: list[Result]) -> bytes:
-    try:
-        return encode_results(results)
-    except (TypeError, ValueError, msgspec.EncodeError):
-        return encode_results([encodable(r) for r in results])
-
-
 class _Server:
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
-        self.host: EnvHost | None = None
+        self.host: Shard | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending: dict[int, list[Result]] = {}  # run id -> results not yet sent
         self.flush_scheduled = False
@@ -60,11 +54,11 @@ class _Server:
         self.flush_scheduled = False
         for call_id in list(self.pending):
             if results := self.pending.pop(call_id, None):
-                write_frame(self.writer, Frame(call_id, "results", _encode(results)))
+                write_frame(self.writer, Frame(call_id, Kind.RESULTS, encode_results(results)))
 
     # -- requests --------------------------------------------------------------------------------
     def dispatch(self, frame: Frame) -> None:
-        if frame.kind == "bye":
+        if frame.kind is Kind.BYE:
             self.done.set()
             return
         task = asyncio.get_running_loop().create_task(self.answer(frame))
@@ -78,56 +72,68 @@ class _Server:
             raise
         except BaseException as exc:  # the host's code failed: the driver raises it, typed
             if frame.id:
-                write_frame(self.writer, Frame(frame.id, "error", error=error_dict(exc)))
+                write_frame(self.writer, Frame(frame.id, Kind.ERROR, error=error_dict(exc)))
             return
         if frame.id:
-            write_frame(self.writer, Frame(frame.id, "reply", body))
+            write_frame(self.writer, Frame(frame.id, Kind.REPLY, body))
         try:
             await self.writer.drain()
         except ConnectionError:
             self.done.set()
 
     async def perform(self, frame: Frame) -> bytes:
-        kind = frame.kind
-        if kind == "init":
-            init = pickle.loads(frame.body)
-            if init.pop("protocol", None) != PROTOCOL:
-                raise RuntimeError(f"the driver speaks another host protocol than this host ({PROTOCOL}); "
-                                   "the interpreter has another version of openenv_gym installed")
-            self.host = EnvHost(**init)
-            from openenv_gym import __version__
+        if frame.kind is Kind.INIT:
+            return self.init(frame.body)
+        method = _METHODS.get(frame.kind)
+        if method is None:
+            raise RuntimeError(f"{frame.kind!r} is not a request; the host answers "
+                               f"{', '.join(k.name for k in (Kind.INIT, *_METHODS))}")
+        if self.host is None:
+            raise RuntimeError(f"{frame.kind.name} before INIT")
+        return await method(self, self.host, frame)
 
-            return _msgpack.encode({"protocol": PROTOCOL, "version": __version__, "python": sys.version})
-        host = self.host
-        if host is None:
-            raise RuntimeError(f"{kind!r} before init")
-        if kind == "run":
-            ops = decode_ops(frame.body)
-            if len(ops) == 1:  # nothing to order: its result rides in the reply (one frame, one wake-up)
-                results: list[Result] = []
-                await host.submit(ops, results.append)
-            else:
-                await host.submit(ops, lambda r, i=frame.id: self.emit(i, r))
-                results = self.pending.pop(frame.id, [])  # what the reply carries: none streamed yet
-            return _encode(results) if results else b""
-        if kind == "start":
-            return await host.start()
-        if kind == "cancel":
-            await host.cancel([tuple(r) for r in _requests.decode(frame.body)])
-            return b""
-        if kind == "call":
-            name, args, kwargs = pickle.loads(frame.body)
-            return pickle.dumps(await host.call(name, args, kwargs))
-        if kind == "set_attr":
-            name, values = pickle.loads(frame.body)
-            await host.set_attr(name, values)
-            return b""
-        if kind == "pid":
-            return _msgpack.encode(await host.pid())
-        if kind == "close":
-            await host.close()
-            return b""
-        raise RuntimeError(f"unknown host method {kind!r}")
+    def init(self, body: bytes) -> bytes:
+        protocol, config = pickle.loads(body)
+        if protocol != PROTOCOL:
+            raise RuntimeError(f"the driver speaks another host protocol ({protocol}) than this host ({PROTOCOL}); "
+                               "the interpreter has another version of openenv_gym installed")
+        self.host = Shard(config)
+        from openenv_gym import __version__
+
+        return _msgpack.encode({"protocol": PROTOCOL, "version": __version__, "python": sys.version})
+
+    async def run(self, host: Shard, frame: Frame) -> bytes:
+        ops = decode_ops(frame.body)
+        if len(ops) == 1:  # nothing to order: its result rides in the reply (one frame, one wake-up)
+            results: list[Result] = []
+            await host.submit(ops, results.append)
+        else:
+            await host.submit(ops, lambda r, i=frame.id: self.emit(i, r))
+            results = self.pending.pop(frame.id, [])  # what the reply carries: none streamed yet
+        return encode_results(results) if results else b""
+
+    async def start(self, host: Shard, frame: Frame) -> bytes:
+        return await host.start_encoded()
+
+    async def cancel(self, host: Shard, frame: Frame) -> bytes:
+        await host.cancel([tuple(r) for r in _requests.decode(frame.body)])
+        return b""
+
+    async def call(self, host: Shard, frame: Frame) -> bytes:
+        name, args, kwargs = pickle.loads(frame.body)
+        return pickle.dumps(await host.call(name, args, kwargs))
+
+    async def set_attr(self, host: Shard, frame: Frame) -> bytes:
+        name, values = pickle.loads(frame.body)
+        await host.set_attr(name, values)
+        return b""
+
+    async def pid(self, host: Shard, frame: Frame) -> bytes:
+        return _msgpack.encode(await host.pid())
+
+    async def close(self, host: Shard, frame: Frame) -> bytes:
+        await host.close()
+        return b""
 
     async def shutdown(self) -> None:
         for task in list(self.tasks):
@@ -139,6 +145,13 @@ class _Server:
                     await self.host.close()
             except BaseException:
                 pass
+
+
+_METHODS = {
+    Kind.RUN: _Server.run, Kind.START: _Server.start, Kind.CANCEL: _Server.cancel, Kind.CALL: _Server.call,
+    Kind.SET_ATTR: _Server.set_attr, Kind.PID: _Server.pid, Kind.CLOSE: _Server.close,
+}
+"""The requests a host answers once built, and the method answering each."""
 
 
 async def serve(fd: int) -> None:

@@ -76,7 +76,7 @@ from starlette.routing import Route
 
 from mcp.server.transport_security import TransportSecuritySettings
 
-from openenv_gym.adapters.ors_serve import die_with_parent
+from openenv_gym.processes import die_with_parent
 from openenv_gym.testing.fleet_common import API_KEY_ENV, DEFAULT_API_KEY, EXAMPLE_TASKS, take_api_key
 
 try:  # mcp 2.x

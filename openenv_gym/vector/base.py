@@ -11,21 +11,21 @@ and a result whose id is not the current one (it arrived after a timeout, a rese
 dropped, never returned for a newer request. A sub-env whose backend fails or times out reports
 ``info["error"]``, is truncated, and is recreated on its next request while the others go on.
 
-Backends implement :meth:`_execute` (run a batch of ops, delivering each result) and the few
-methods for sessions' attributes; :mod:`openenv_gym.vector.concurrent` runs ops on this
-process's runtime loop, :mod:`openenv_gym.vector.ray` in Ray actors.
+What runs the sub-envs is the env's backend (:class:`VectorBackend`): the shards of one id
+(:class:`~openenv_gym.vector.shards.Shards`, in this process, in host processes or in Ray actors),
+or the parts of a mixture (:mod:`openenv_gym.mixture`). The backend gets ops and hands back
+results; everything Gymnasium defines is here, once.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import copy
 import enum
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -38,12 +38,16 @@ from openenv_gym.errors import (
     BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeFinished, EpisodeNotStarted,
 )
 from openenv_gym.session import STEP_TIMEOUT
+from openenv_gym.shard.ops import Op, OpKind, Result
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.vector.groups import Groups
-from openenv_gym.vector.ops import Op, Result
 from openenv_gym.wire import Message, ToolSpec
 
-__all__ = ["AgentVectorEnv", "Batch", "Phase", "SubEnv", "info_at"]
+__all__ = ["AgentVectorEnv", "Batch", "Phase", "SubEnv", "VectorBackend", "info_at", "check_num_envs"]
+
+MAX_ENVS = 1 << 20
+"""The most sub-envs one vector env may hold: far above what one machine can run, low enough that a
+typo (``num_envs=10**12``) is an error rather than a process that allocates until it is killed."""
 
 _CLOSE_TIMEOUT = 30.0
 _CANCEL_TIMEOUT = 10.0
@@ -58,6 +62,45 @@ class Batch(NamedTuple):
     truncations: np.ndarray
     infos: dict[str, Any]
     env_ids: np.ndarray
+
+
+def check_num_envs(num_envs: Any) -> int:
+    """``num_envs`` as an int, or :class:`ConfigurationError` (not a positive integer, or above
+    :data:`MAX_ENVS`); numpy integers are accepted, as everywhere a count is."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)):
+        raise ConfigurationError(f"num_envs must be a positive integer, not {type(num_envs).__name__}")
+    if not 1 <= int(num_envs) <= MAX_ENVS:
+        raise ConfigurationError(f"num_envs must be between 1 and {MAX_ENVS:,}, not {int(num_envs):,}")
+    return int(num_envs)
+
+
+class VectorBackend(Protocol):
+    """What runs a vector env's sub-envs (see :class:`~openenv_gym.vector.shards.Shards`)."""
+
+    deliver: Callable[[Result], None]
+    """Takes every result, on the runtime loop (set by the vector env)."""
+
+    def send(self, ops: list[Op]) -> None:
+        """Start ``ops`` (one per sub-env), from the caller's thread; returns once they are out."""
+
+    def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
+        """Follow up calls :meth:`send` left to the caller's thread: the results if it waited for
+        them (``all_needed``), else ``None`` once they are handed to the loop."""
+
+    async def cancel(self, env_ids: Iterable[int]) -> None:
+        """Stop waiting for these sub-envs' ops (their results would be dropped)."""
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        """Call (or read) ``name`` on every sub-env's session; one value per sub-env."""
+
+    async def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        """Set ``name`` on every sub-env's session."""
+
+    async def aclose(self) -> None:
+        """Release every session, adapter, process or actor."""
+
+    def release(self) -> None:
+        """Release what outlives the backend (Ray's runtime), from the closing thread, last."""
 
 
 class Phase(enum.Enum):
@@ -136,12 +179,13 @@ class SubEnv:
         return note
 
 
-class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
+class AgentVectorEnv(gym.vector.VectorEnv):
     """Many chat sub-envs behind one Gymnasium ``VectorEnv``.
 
     Args:
         num_envs: how many sub-envs.
         tools: the tools every task offers (for the action space).
+        backend: what runs the sub-envs (started already); this env closes it.
         autoreset_mode: NEXT_STEP (default), SAME_STEP or DISABLED, as in Gymnasium.
         step_timeout: seconds one sub-env's reset or step may take before it is truncated with
             ``info["error"]`` and recreated (default :data:`~openenv_gym.session.STEP_TIMEOUT`;
@@ -156,13 +200,16 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         self,
         num_envs: int,
         tools: Sequence[ToolSpec],
+        backend: VectorBackend,
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = STEP_TIMEOUT,
+        any_action: bool = False,
     ):
-        if num_envs < 1:
-            raise ConfigurationError("num_envs must be at least 1")
+        num_envs = check_num_envs(num_envs)
         self.num_envs = num_envs
+        self._backend = backend
+        backend.deliver = self._deliver
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
         self.step_timeout = step_timeout
@@ -175,54 +222,16 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         """Results dropped because they answered a request that was no longer current."""
         self._subs = [SubEnv() for _ in range(num_envs)]
         self._arrivals: dict[int, None] = {}  # sub-envs with an uncollected result, in arrival order
-        # Results the caller's thread received itself (a lockstep step of hosts it can wait on),
-        # accepted by the next wait for results: on the caller's thread, which then needs no
-        # hop to the loop when they are all it waits for.
-        self._handed_over: list[Result] = []
         self._arrived: asyncio.Event | None = None
         self._want = 1  # results the waiter needs before it is worth waking
         self._next_req = 0
         self._groups: Groups | None = None
-        self._any_action = False  # sub-env wrappers decide what an action may be (token ids, ...)
+        self._any_action = any_action  # sub-env wrappers decide what an action may be (token ids, ...)
         self._busy = threading.Lock()
         runtime.track(self)
 
-    # -- what a backend implements -------------------------------------------------------------
-    def _dispatch(self, ops: list[Op]) -> None:
-        """Hand ``ops`` to the backend from the caller's thread (``send``); returns once they are out.
-
-        Backends whose ``_execute`` only schedules work may post it without waiting for the loop.
-        """
-        runtime.run_sync(self._execute(ops))
-
-    @abc.abstractmethod
-    async def _execute(self, ops: list[Op]) -> None:
-        """Start running ``ops`` (one per sub-env) and return; deliver each result to
-        :meth:`_deliver` as it completes. An op with ``recreate`` set asks for a fresh sub-env
-        before it runs (its predecessor failed)."""
-
-    @abc.abstractmethod
-    async def _cancel(self, env_ids: Iterable[int]) -> None:
-        """Stop waiting for these sub-envs' in-flight ops (their results would be dropped)."""
-
-    @abc.abstractmethod
-    async def _call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        """Call (or read) ``name`` on every sub-env's session; one value per sub-env."""
-
-    @abc.abstractmethod
-    async def _set_attr(self, name: str, values: list[Any]) -> None:
-        """Set ``name`` on every sub-env's session."""
-
-    @abc.abstractmethod
-    async def _aclose_backend(self) -> None:
-        """Release every session, adapter, process or actor."""
-
-    def _release(self) -> None:
-        """Release what outlives the backend (Ray's runtime), from the closing thread; called last
-        by :meth:`close`, never from ``__del__`` (the exit hooks take care of it then)."""
-
     # -- requests and results --------------------------------------------------------------------
-    def _new_op(self, env_id: int, kind: str, **fields: Any) -> Op:
+    def _new_op(self, env_id: int, kind: OpKind, **fields: Any) -> Op:
         self._next_req += 1
         op = Op(env_id, self._next_req, kind, **fields)
         self._subs[env_id].sent(op.req_id)
@@ -237,17 +246,17 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         if self._groups is not None:  # the group's task for this member's next episode
             sub.slot, fields["seed"] = self._groups.next_seed(env_id)
             sub.slot_if_ended = False
-        return self._new_op(env_id, "reset", note=sub.take_note(), **fields)
+        return self._new_op(env_id, OpKind.RESET, note=sub.take_note(), **fields)
 
     def _step_op(self, env_id: int, action: Any) -> Op:
         if self.autoreset_mode != AutoresetMode.SAME_STEP:
-            return self._new_op(env_id, "step", action=action)
+            return self._new_op(env_id, OpKind.STEP, action=action)
         fields: dict[str, Any] = {}
         if self._groups is not None:
             sub = self._subs[env_id]
             sub.slot, fields["next_seed"] = self._groups.next_seed(env_id)
             sub.slot_if_ended = True
-        return self._new_op(env_id, "step_reset", action=action, **fields)
+        return self._new_op(env_id, OpKind.STEP_RESET, action=action, **fields)
 
     def _absorb(self, result: Result, reset: bool) -> None:
         """Move the sub-env to the phase ``result`` leaves it in; with groups, count the episode
@@ -293,20 +302,9 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         if self._accept(result) and self._arrived is not None and len(self._arrivals) >= self._want:
             self._arrived.set()
 
-    def _take_handed_over(self) -> None:
-        """Accept the results the caller's thread received itself (see ``_handed_over``).
-
-        Called by the one caller (on its thread, or on the loop while it waits for the loop): no
-        other request is in flight for these sub-envs, so nothing on the loop touches them."""
-        if self._handed_over:
-            handed, self._handed_over = self._handed_over, []
-            for result in handed:
-                self._accept(result)
-
     async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[int]:
         """Wait until ``count`` results are ready (from ``env_ids`` if given); their ids, first-ready
         first. The results stay in place until :meth:`_collect` takes them."""
-        self._take_handed_over()
         if self._arrived is None:
             self._arrived = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -339,15 +337,16 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
     def _requested(self) -> list[int]:
         return [i for i, sub in enumerate(self._subs) if sub.request is not None]
 
-    def _abandon(self, env_ids: list[int], message: str) -> None:
-        """Give up on these sub-envs' requests: they are recreated and reset on their next one."""
+    def _abandon(self, env_ids: list[int], why: type[BaseException], message: str) -> None:
+        """Give up on these sub-envs' requests (``why``: a timeout, or an interruption): they are
+        recreated and reset on their next one."""
         if not env_ids:
             return
-        note = {"error": {"type": "BackendTimeout" if "within" in message else "Interrupted", "message": message}}
+        note = {"error": {"type": why.__name__, "message": message}}
         for i in env_ids:
             self._subs[i].abandon(dict(note))
             self._arrivals.pop(i, None)
-        runtime.run_sync(self._cancel(env_ids), _CANCEL_TIMEOUT)
+        runtime.run_sync(self._backend.cancel(env_ids), _CANCEL_TIMEOUT)
 
     @contextlib.contextmanager
     def _one_caller(self, what: str) -> Iterator[None]:
@@ -396,37 +395,39 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                 raise ValueError(f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}.")
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
+        if mask is not None:
+            _check_mask(mask, n)
         if self._groups is not None:
             if seed is not None and not isinstance(seed, (int, np.integer)):
                 raise ValueError("with group_size, seed must be an int or None: a group's members share one "
                                  "seeded stream of tasks")
-            if seed is not None and mask is None:
+            if seed is not None and mask is not None:
+                raise ValueError("with group_size, reset(seed=...) restarts every group's stream of tasks, so it "
+                                 "cannot go with a reset_mask (the other members would leave their group's "
+                                 "stream); reset every sub-env to reseed, or leave out the seed")
+            if seed is not None:
                 self._groups.reseed(int(seed))
-        if mask is None:
-            mask = np.ones(n, dtype=np.bool_)
-        elif not isinstance(mask, np.ndarray) or mask.shape != (n,) or mask.dtype != np.bool_ or not mask.any():
-            raise ValueError(f"options['reset_mask'] must be a bool numpy array of shape ({n},) with at least one True")
-        env_ids = [i for i in range(n) if mask[i]]
+        env_ids = list(range(n)) if mask is None else [i for i in range(n) if mask[i]]
         with self._one_caller("reset"):
             try:
-                return runtime.run_sync(self._areset(env_ids, seeds, options or None))
+                return self._reset_now(env_ids, seeds, options or None)
             except BaseException:
                 # Interrupted (Ctrl-C): the resets still in flight are abandoned, not left to
                 # answer a later recv() that never asked for them.
-                self._abandon([i for i in env_ids if self._subs[i].request is not None],
+                self._abandon([i for i in env_ids if self._subs[i].request is not None], KeyboardInterrupt,
                               "a reset() was interrupted; the sub-env was reset again")
                 raise
 
-    async def _areset(self, env_ids: list[int], seeds: list[int | None], options: dict[str, Any] | None):
+    def _reset_now(self, env_ids: list[int], seeds: list[int | None], options: dict[str, Any] | None):
         stale = [i for i in env_ids if self._subs[i].busy]
         if stale:
             for i in stale:
                 self._subs[i].request = self._subs[i].result = None
                 self._arrivals.pop(i, None)
-            await self._cancel(stale)
+            runtime.run_sync(self._backend.cancel(stale), _CANCEL_TIMEOUT)
         ops = [self._reset_op(i, seed=seeds[i], options=options) for i in env_ids]
-        await self._execute(ops)
-        ready = await self._wait(set(env_ids), len(env_ids), None)
+        self._backend.send(ops)
+        ready = self._results(set(env_ids), len(env_ids), None)
         results = [self._subs[i].result for i in ready]
         self._collect(ready)
         infos: dict[str, Any] = {}
@@ -532,9 +533,10 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
                 else:
                     ops.append(self._step_op(i, action))
             try:
-                self._dispatch(ops)
+                self._backend.send(ops)
             except BaseException:
                 self._abandon([op.env_id for op in ops if self._subs[op.env_id].request == op.req_id],
+                              KeyboardInterrupt,
                               "a send() was interrupted before its request went out; the sub-env was reset")
                 raise
 
@@ -612,21 +614,36 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         count = in_flight if batch_size is None else min(batch_size, in_flight)
         if count == 0:
             raise ConfigurationError("recv() with no request in flight; send() first")
-        self._take_handed_over()
-        if len(self._arrivals) >= count:  # all in already (a held lockstep step): no hop to the loop
-            return list(self._arrivals)[:count]
         try:
-            return runtime.run_sync(self._wait(None, count, timeout))
+            return self._results(None, count, timeout, all_needed=count == in_flight)
         except BackendTimeout:
             if batch_size is None or batch_size >= in_flight:
-                self._abandon(self._requested(), f"the previous request got no answer within the recv "
-                                                 f"timeout={timeout} s; the sub-env was reset")
+                self._abandon(self._requested(), BackendTimeout, f"the previous request got no answer within "
+                                                                 f"the recv timeout={timeout} s; the sub-env was reset")
             raise
+
+    def _results(self, env_ids: set[int] | None, count: int, timeout: float | None,
+                 all_needed: bool = False) -> list[int]:
+        """Wait for ``count`` results (from ``env_ids`` if given); their ids, first-ready first.
+
+        ``all_needed``: every request in flight is waited for, so calls the backend started on
+        this thread may be waited for here, with no hop to the loop (a lockstep step)."""
+        if all_needed or (env_ids is not None and count == len(self._requested())):
+            here = self._backend.settle(True, timeout)
+            if here is not None:  # accepted on this thread: no request of these sub-envs is on the loop
+                for result in here:
+                    self._accept(result)
+        else:
+            self._backend.settle(False, None)
+        ready = list(self._arrivals) if env_ids is None else [i for i in self._arrivals if i in env_ids]
+        if len(ready) >= count:
+            return ready[:count]
+        return runtime.run_sync(self._wait(env_ids, count, timeout))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``name`` on every sub-env's session (or read it, if not callable)."""
         with self._one_caller("call"):
-            return tuple(runtime.run_sync(self._call(name, args, kwargs)))
+            return tuple(runtime.run_sync(self._backend.call(name, args, kwargs)))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """Read ``name`` from every sub-env's session."""
@@ -639,7 +656,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         if len(values) != self.num_envs:
             raise ValueError(f"values must have length num_envs={self.num_envs}, got {len(values)}")
         with self._one_caller("set_attr"):
-            runtime.run_sync(self._set_attr(name, list(values)))
+            runtime.run_sync(self._backend.set_attr(name, list(values)))
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stop every in-flight request and release the backend (no process or actor is left).
@@ -651,7 +668,7 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
         try:
             runtime.run_sync(self._shutdown(), _CLOSE_TIMEOUT)
         finally:
-            self._release()
+            self._backend.release()
 
     async def _shutdown(self) -> None:
         pending = self._requested()
@@ -659,8 +676,8 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             sub.request = sub.result = None
         self._arrivals.clear()
         if pending:
-            await self._cancel(pending)
-        await self._aclose_backend()
+            await self._backend.cancel(pending)
+        await self._backend.aclose()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -673,6 +690,18 @@ class AgentVectorEnv(gym.vector.VectorEnv, abc.ABC):
             self.closed = True
             runtime.untrack(self)
             runtime.close_later(self._shutdown())
+
+
+def _check_mask(mask: Any, n: int) -> None:
+    """Gymnasium's checks of ``options["reset_mask"]``, with its exception types."""
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (n,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value")
 
 
 def _trim(infos: dict[str, Any], n: int) -> dict[str, Any]:

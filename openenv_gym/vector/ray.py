@@ -5,28 +5,32 @@ Design:
 * **Few actors, many sub-envs each.** An actor costs about 50 MiB and 0.4 s to start, and Ray
   carries only 1-2k calls/s on a small machine, while an LLM sub-env spends its time waiting on
   I/O. So sub-env ``i`` lives in actor ``i % num_actors`` (default: one actor per cluster CPU),
-  and each :class:`EnvHost` runs its sub-envs' episodes concurrently as coroutines on its own
-  event loop over a few shared adapters (``envs_per_client`` sessions per adapter: one local
-  server per actor, small connection pools), exactly as :class:`ConcurrentVectorEnv` does in the
-  driver. A ``send`` makes **one actor call per shard**, whatever the number of sub-envs in it.
+  and each actor is a :class:`~openenv_gym.shard.shard.Shard` (``ray.remote(Shard)``, the class
+  :class:`~openenv_gym.vector.concurrent.ConcurrentVectorEnv` runs in the driver) running its
+  sub-envs' episodes concurrently as coroutines on the actor's event loop over a few shared
+  adapters (``envs_per_client`` sessions per adapter: one local server per actor, small
+  connection pools). A ``send`` makes **one actor call per shard**, whatever the number of
+  sub-envs in it; a lockstep ``step`` waits for those calls on the caller's thread
+  (:meth:`RayHandle.wait_begun`).
 * **Bytes, not objects.** Ops and results cross Ray as msgspec msgpack bytes
-  (:func:`~openenv_gym.vector.ops.encode_ops` / ``encode_results``): Ray passes bytes through
+  (:func:`~openenv_gym.shard.ops.encode_ops` / ``encode_results``): Ray passes bytes through
   untouched, while pickling msgspec Structs costs several times a msgpack round trip. Rare
   control calls (``call``, ``set_attr``) use Ray's pickling, since their values are arbitrary.
 * **Fault model.** An op that fails inside an actor (a server down, a timeout, a tool raising) is
-  already a :class:`~openenv_gym.vector.ops.Result` with ``error`` set (:func:`run_op` never
+  already a :class:`~openenv_gym.shard.ops.Result` with ``error`` set (:func:`run_op` never
   raises), and :class:`~openenv_gym.vector.base.AgentVectorEnv` truncates and recreates that
-  sub-env. If the *actor* dies (killed, out of memory, its node lost) or stops answering (a call
-  takes longer than ``3 * step_timeout + 30`` s), every op of the failed call gets a truncated
-  ``Result`` with ``info["error"]``, and the actor is killed and replaced by a fresh
-  :class:`EnvHost` for the same sub-env ids; the other shards go on. The replacement knows it
+  sub-env. If the *actor* dies (killed, out of memory, its node lost) or stops answering (no
+  answer to a liveness check after ``step_timeout`` + a few seconds), every op of the failed call
+  gets a truncated ``Result`` with ``info["error"]``, and the actor is killed and replaced by a
+  fresh shard for the same sub-env ids (:mod:`openenv_gym.vector.shards`); the other shards go on. The replacement knows it
   replaced a dead host: a sub-env of that shard whose next op is a step (its episode died with
   the old actor) is answered with the same truncated error instead of being stepped, and every
   sub-env is back to normal after its next reset. Episodes in a dead actor are lost, and so is
   the task-choice rng of its sub-envs (a replacement starts unseeded until the next seeded reset).
 * Ray is optional (``pip install 'openenv-gym[ray]'``): only this module imports it. When no Ray
-  runtime is initialised, the first env calls ``ray.init()`` (locally, or to ``address``) and
-  the last such env to close calls ``ray.shutdown()``; a runtime the caller started is left alone.
+  runtime is initialised, the first env calls ``ray.init()`` (locally, bound to 127.0.0.1, or to
+  ``address``) and the last such env to close calls ``ray.shutdown()``; a runtime the caller
+  started is left alone (:class:`RayRuntime`).
 """
 
 from __future__ import annotations
@@ -35,36 +39,64 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
 
-from openenv_gym import runtime
 from openenv_gym.adapters.base import AdapterSpec
 from openenv_gym.errors import ConfigurationError, HostDied
-from openenv_gym.hosts.handle import Handle
 from openenv_gym.hosts.interpreter import Interpreter
-from openenv_gym.hosts.proxy import IsolatedEnvHost
-from openenv_gym.hosts.shard import EnvHost, decode_tools
+from openenv_gym.hosts.proxy import ShardProxy
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT
-from openenv_gym.vector.hosted import START_TIMEOUT as _START_TIMEOUT, HostedVectorEnv, default_shards
-from openenv_gym.vector.ops import Result, decode_results
-from openenv_gym.vector.wrapped import check_wrappers
+from openenv_gym.shard.handle import EncodedHandle
+from openenv_gym.shard.ops import Result, decode_results
+from openenv_gym.shard.shard import Shard, ShardConfig, decode_tools
+from openenv_gym.shard.wrapped import check_wrappers
+from openenv_gym.vector.base import AgentVectorEnv, check_num_envs
+from openenv_gym.vector.shards import START_TIMEOUT, Shards, default_layout, open_shards
 from openenv_gym.wire import ToolSpec
 
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+"""What a local cluster started here runs with. On Linux a plain ``ray.init()`` binds every Ray
+process to the node's network address; Ray's single-machine mode (its macOS and Windows default,
+turned on by the first variable, which Ray reads once, at import) binds 127.0.0.1. The second
+keeps usage reports from leaving the machine unasked."""
+
+
+@contextlib.contextmanager
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the length of the block, then as it was."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_LOOPBACK_AT_IMPORT = os.environ.get(_SINGLE_MACHINE, None if "ray" in sys.modules else "0") == "0"
+"""Whether Ray reads (or read, when it was imported before this module) the single-machine setting
+at its import: a local cluster then binds loopback. A value the user set is respected."""
 try:
-    import ray
-    import ray.exceptions as ray_errors
+    with scoped_environ({k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ}):
+        import ray
+        import ray.exceptions as ray_errors
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ConfigurationError(
         "the 'ray' vector backend needs Ray: pip install 'openenv-gym[ray]'"
     ) from exc
 
-__all__ = ["RayVectorEnv", "EnvHost", "RemoteEnvHost", "RayHandle"]
+__all__ = ["RayVectorEnv", "RayHandle", "RayRuntime", "RemoteShard", "RAY"]
 
 # Failures of the actor itself (as opposed to an exception raised by its code): replace it.
 _ACTOR_FAULTS: tuple[type[BaseException], ...] = (
@@ -81,18 +113,19 @@ def _cause(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
-RemoteEnvHost = ray.remote(max_restarts=0)(EnvHost)
-"""The Ray actor class of :class:`~openenv_gym.hosts.shard.EnvHost` (``RemoteEnvHost.options(...).remote(...)``)."""
-RemoteIsolatedEnvHost = ray.remote(max_restarts=0)(IsolatedEnvHost)
+RemoteShard = ray.remote(max_restarts=0)(Shard)
+"""The Ray actor class of :class:`~openenv_gym.shard.shard.Shard` (``RemoteShard.options(...).remote(config)``)."""
+RemoteShardProxy = ray.remote(max_restarts=0)(ShardProxy)
 """The actor of an env that runs under another interpreter (``python=``, ``isolate=True``)."""
 
 
-class RayHandle(Handle):
-    """A shard in an :class:`EnvHost` Ray actor: ops and results cross Ray as msgpack bytes."""
+class RayHandle(EncodedHandle):
+    """A shard in a Ray actor: ops and results cross Ray as msgpack bytes."""
 
     label = "Ray actor"
 
-    def __init__(self, actor: Any):
+    def __init__(self, actor: Any, any_action: bool = False):
+        super().__init__(any_action)
         self.actor = actor
 
     async def _await(self, ref: Any) -> Any:
@@ -106,16 +139,30 @@ class RayHandle(Handle):
             raise HostDied(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
 
     async def start(self) -> list[ToolSpec]:
-        return decode_tools(await self._await(self.actor.start.remote()))
+        return decode_tools(await self._await(self.actor.start_encoded.remote()))
 
-    def begin(self, data: bytes) -> Any:
+    def begin(self, payload: bytes) -> Any:
         # Submitting from the caller's thread starts the actor's work without waiting for the
-        # runtime loop to wake up and take the call; only awaiting the answer needs the loop.
-        return self.actor.run.remote(data)
+        # runtime loop to wake up and take the call.
+        return self.actor.run_encoded.remote(payload)
 
-    async def run(self, data: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
+    def wait_begun(self, begun: list[Any], limit: float) -> list[Result] | None:
+        deadline = time.monotonic() + limit
+        pending = list(begun)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            # In slices, so Ctrl-C is seen; the answers are fetched with the wait.
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.1, left))
         try:
-            data = await self._await(begun if begun is not None else self.actor.run.remote(data))
+            return [r for data in ray.get(begun) for r in decode_results(data)]
+        except Exception:  # noqa: BLE001 - the loop's follow-up reports it (a dead actor is replaced there)
+            return None
+
+    async def run(self, payload: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
+        try:
+            data = await self._await(begun if begun is not None else self.actor.run_encoded.remote(payload))
         except ray_errors.TaskCancelledError:
             return  # Ray cancelled the task (a cancel overtook it): no results
         for result in decode_results(data):
@@ -165,56 +212,73 @@ async def _settle(ref: Any) -> None:
         pass
 
 
-# -- the driver's Ray runtime ----------------------------------------------------------------------
-_ray_lock = threading.Lock()
-_ray_users = 0
-"""Envs using a Ray runtime that this module initialised (0: none, or the caller's own)."""
-
-
-def _loopback_only() -> None:
-    """Make a local cluster this module starts bind 127.0.0.1, not the machine's own address.
-
-    On Linux a plain ``ray.init()`` binds every Ray process to the node's network address. Ray's
-    single-node mode (the one it uses on macOS and Windows) binds loopback: the flag is read at
-    import, so it is set both in the environment (for the processes Ray starts) and on the
-    already imported constants (for this driver). A cluster given by ``address=`` is not touched.
-    """
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report leaves the machine unasked
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
-
-
 _TRIM = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 """A local Ray started here starts no idle workers ahead of need (one per CPU otherwise, ~45 MiB
 each): the actors are the only workers it runs."""
 
 
-def _acquire_ray(address: str | None) -> bool:
-    """Make sure Ray is initialised; True if this module initialised it (and must shut it down)."""
-    global _ray_users
-    with _ray_lock:
-        if ray.is_initialized():
-            if _ray_users > 0:
-                _ray_users += 1
-                return True
-            return False
-        if address is None:
-            _loopback_only()
-            # Ray turns token authentication on for a new local cluster (good) and warns about it
-            # on every start (noise, since the user chose nothing): keep the auth, drop the warning.
-            auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-            level = auth_log.level
-            auth_log.setLevel(logging.ERROR)
-            try:
+class RayRuntime:
+    """This process's use of a Ray runtime: started here when none runs, shut down by its last user.
+
+    A runtime the caller started (``ray.init()`` before the first env) is used as it is and never
+    shut down here. One instance per process (:data:`RAY`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        """Envs using a runtime this object started (0: none, or the caller's own)."""
+
+    def acquire(self, address: str | None) -> bool:
+        """Make sure Ray is initialised; True if this object started it (so :meth:`release` is owed)."""
+        with self._lock:
+            if ray.is_initialized():
+                if self._users > 0:
+                    self._users += 1
+                    return True
+                return False
+            if address is None:
+                self._start_local()
+            else:
+                ray.init(address=address)
+            self._users = 1
+            return True
+
+    def _start_local(self) -> None:
+        if not _LOOPBACK_AT_IMPORT:
+            raise ConfigurationError(
+                "ray was imported before openenv_gym's Ray backend without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, so "
+                "a local cluster started now would listen on the machine's network address; import "
+                "openenv_gym.vector.ray first, set that variable before importing ray, start Ray yourself "
+                "(ray.init()) or pass vector_options={'address': ...}")
+        # Ray turns token authentication on for a new local cluster (good) and warns about it on
+        # every start (noise, since the user chose nothing): keep the auth, drop the warning.
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = auth_log.level
+        auth_log.setLevel(logging.ERROR)
+        try:
+            with scoped_environ({k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ}):
+                # the processes ray.init starts inherit it
                 ray.init(include_dashboard=False, _system_config=_TRIM)
-            finally:
-                auth_log.setLevel(level)
-        else:
-            ray.init(address=address)
-        _ray_users = 1
-        return True
+        finally:
+            auth_log.setLevel(level)
+
+    def release(self) -> None:
+        """One user fewer; the last one shuts down the runtime this object started."""
+        with self._lock:
+            self._users -= 1
+            if self._users <= 0:
+                self._users = 0
+                if ray.is_initialized():
+                    ray.shutdown()
+
+    @property
+    def users(self) -> int:
+        return self._users
+
+
+RAY = RayRuntime()
+"""This process's :class:`RayRuntime`."""
 
 
 def _check_resources(options: dict[str, Any]) -> None:
@@ -237,18 +301,8 @@ def _check_resources(options: dict[str, Any]) -> None:
         )
 
 
-def _release_ray() -> None:
-    global _ray_users
-    with _ray_lock:
-        _ray_users -= 1
-        if _ray_users <= 0:
-            _ray_users = 0
-            if ray.is_initialized():
-                ray.shutdown()
-
-
-class RayVectorEnv(RedactedSpec, HostedVectorEnv):
-    """Sub-envs hosted in a few async Ray actors (:class:`EnvHost`), many sub-envs per actor.
+class RayVectorEnv(RedactedSpec, AgentVectorEnv):
+    """Sub-envs hosted in a few async Ray actors (:class:`~openenv_gym.shard.shard.Shard`), many per actor.
 
     Args:
         num_envs: how many sub-envs.
@@ -262,12 +316,14 @@ class RayVectorEnv(RedactedSpec, HostedVectorEnv):
         address: the Ray cluster to join when Ray is not initialised yet (``None``: start a
             local one); ignored if this process already called ``ray.init()``.
         runtime_env: the actors' Ray ``runtime_env`` (e.g. dependencies the driver lacks).
-        actor_options: more ``RemoteEnvHost.options(...)`` (default ``num_cpus=0``: the actors wait
+        actor_options: more ``RemoteShard.options(...)`` (default ``num_cpus=0``: the actors wait
             on I/O; set ``num_cpus``/``resources``/``scheduling_strategy`` to place them).
         envs_per_client: sub-envs per adapter inside an actor (one connection pool each).
-        autoreset_mode, step_timeout: see :class:`~openenv_gym.vector.base.AgentVectorEnv`.
-            ``step_timeout`` also bounds a whole actor call (``3 * step_timeout + 30`` s): an
-            actor that overruns it is considered hung, and is killed and replaced.
+        max_in_flight: bound on concurrent backend operations per actor (``None``: no bound).
+        autoreset_mode, step_timeout: see :class:`~openenv_gym.vector.base.AgentVectorEnv`. An
+            actor still busy ``step_timeout`` + a few seconds into a call must answer a liveness
+            check, or it is killed and replaced.
+        start_timeout: seconds the actors may take to start (placement, adapters, servers).
         python: run each actor's shard in a host process under this interpreter (set by
             ``python=``/``isolate=True``; an ``isolate`` venv is built on the node of each actor).
     """
@@ -284,15 +340,16 @@ class RayVectorEnv(RedactedSpec, HostedVectorEnv):
         runtime_env: dict[str, Any] | None = None,
         actor_options: dict[str, Any] | None = None,
         envs_per_client: int = 8,
+        max_in_flight: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = STEP_TIMEOUT,
+        start_timeout: float = START_TIMEOUT,
         env_wrappers: Sequence[Any] | None = None,
         python: str | Interpreter | None = None,
     ):
-        if num_envs < 1:
-            raise ConfigurationError("num_envs must be at least 1")
-        self._env_wrappers = check_wrappers(env_wrappers)
-        self._interpreter = Interpreter(path=python) if isinstance(python, str) else python
+        num_envs = check_num_envs(num_envs)
+        wrappers = check_wrappers(env_wrappers)
+        interpreter = Interpreter(path=python) if isinstance(python, str) else python
         if num_actors is not None and num_actors < 1:
             raise ConfigurationError("num_actors must be at least 1")
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any actor starts
@@ -300,75 +357,48 @@ class RayVectorEnv(RedactedSpec, HostedVectorEnv):
         # server process unless server_workers says otherwise (see ors_local.default_workers).
         if "server_workers" not in adapter.kwargs and "server_workers" in (adapter.accepted_here() or ()):
             adapter = AdapterSpec(adapter.entry, {**adapter.kwargs, "server_workers": 1})
-        self._spec_adapter = adapter
-        self._split, self._max_turns = split, max_turns
-        self._envs_per_client = envs_per_client
-        self._init_hosts(step_timeout)
-        self._owns_ray = _acquire_ray(address)
+        owns_ray = RAY.acquire(address)
         try:
             if num_actors is None:
                 num_actors = max(1, int(ray.cluster_resources().get("CPU", 1)))
-            self._shards = default_shards(num_envs, num_actors)
-            self._options = {"num_cpus": 0, **(actor_options or {})}
-            _check_resources(self._options)
+            options = {"num_cpus": 0, **(actor_options or {})}
+            _check_resources(options)
             if runtime_env is not None:
-                self._options["runtime_env"] = runtime_env
-            tools = runtime.run_sync(self._start_hosts(), _START_TIMEOUT + 60.0)
+                options["runtime_env"] = runtime_env
         except BaseException:
-            if self._handles:
-                try:
-                    runtime.run_sync(self._aclose_backend(), 120.0)
-                except Exception:
-                    pass
-            if self._owns_ray:
-                _release_ray()
+            if owns_ray:
+                RAY.release()
             raise
-        super().__init__(num_envs, tools, autoreset_mode=autoreset_mode, step_timeout=step_timeout)
-        self._any_action = bool(self._env_wrappers)  # a wrapper decides what an action may be
+        layout = default_layout(num_envs, num_actors)
+
+        def new_handle(k: int, replaced: bool) -> RayHandle:
+            config = ShardConfig(entry=adapter.entry, adapter_kwargs=dict(adapter.kwargs), env_ids=layout[k],
+                                 split=split, max_turns=max_turns, envs_per_client=envs_per_client,
+                                 step_timeout=step_timeout, max_in_flight=max_in_flight, replaced=replaced,
+                                 env_wrappers=wrappers)
+            if interpreter is None:
+                return RayHandle(RemoteShard.options(**options).remote(config), bool(wrappers))
+            return RayHandle(RemoteShardProxy.options(**options).remote(interpreter, config), bool(wrappers))
+
+        self._options = options
+        shards = Shards(layout, new_handle, step_timeout=step_timeout, start_timeout=start_timeout,
+                        release=RAY.release if owns_ray else None,
+                        start_hint=f" (is the cluster short of the resources asked for by actor_options={options}?)")
+        tools = open_shards(shards)
+        self._shards = shards
+        super().__init__(num_envs, tools, shards, autoreset_mode=autoreset_mode, step_timeout=step_timeout,
+                         any_action=bool(wrappers))
 
     @property
     def num_actors(self) -> int:
-        return len(self._shards)
+        return len(self._shards.layout)
 
     @property
     def actors(self) -> list[Any]:
-        """The current ``EnvHost`` actor handles, one per shard (a replaced actor's slot changes)."""
-        return [h.actor for h in self._handles]  # type: ignore[attr-defined]
+        """The current shard actor handles, one per shard (a replaced actor's slot changes)."""
+        return [h.actor for h in self._shards.handles]  # type: ignore[attr-defined]
 
     @property
     def replaced_actors(self) -> int:
         """How many dead or hung actors were replaced."""
-        return self.replaced_hosts
-
-    def _new_handle(self, shard: int, replaced: bool = False) -> Handle:
-        spec = self._spec_adapter
-        args = (spec.entry, dict(spec.kwargs), self._shards[shard], self._split, self._max_turns,
-                self._envs_per_client, self._step_timeout, replaced, self._env_wrappers or None)
-        if self._interpreter is None:
-            return RayHandle(RemoteEnvHost.options(**self._options).remote(*args))
-        init = dict(zip(("entry", "adapter_kwargs", "env_ids", "split", "max_turns", "envs_per_client",
-                         "step_timeout", "replaced", "env_wrappers"), args))
-        return RayHandle(RemoteIsolatedEnvHost.options(**self._options).remote(self._interpreter, init))
-
-    def _start_hint(self) -> str:
-        return f" (is the cluster short of the resources asked for by actor_options={self._options}?)"
-
-    def _wait_begun(self, begun: list[Any], limit: float) -> list[bytes] | None:
-        deadline = time.monotonic() + limit
-        pending = list(begun)
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            # In slices, so Ctrl-C is seen; the answers are fetched with the wait.
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.1, left))
-        try:
-            return ray.get(begun)
-        except Exception:  # noqa: BLE001 - the loop's call reports it (a dead actor is replaced there)
-            return None
-
-    def _release(self) -> None:
-        """Shut Ray down if this env started it (and is its last user)."""
-        if self._owns_ray:
-            self._owns_ray = False
-            _release_ray()
+        return self._shards.replaced

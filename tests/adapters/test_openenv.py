@@ -441,15 +441,15 @@ def test_a_vector_env_sizes_the_launched_server_and_leaves_a_smaller_one_alone(m
         big.reset(seed=0)  # 5 sessions at once: the 2-session server would refuse 3 of them
         obs, rewards, terminated, truncated, infos = big.step([call("step", move="RIGHT")] * 5)
         assert "error" not in infos and rewards.tolist() == pytest.approx([-0.1] * 5)
-        assert {a.sessions_limit for a in big._adapters} == {5}
-        big_pids = {a.server_pid() for a in big._adapters}
+        assert {a.sessions_limit for a in big.adapters} == {5}
+        big_pids = {a.server_pid() for a in big.adapters}
         assert len(big_pids) == 1 and single_adapter.server_pid() not in big_pids
         # the smaller server kept running under the single env's episode
         assert single.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
         # a later, smaller vector env shares the running server that allows it (and keeps it
         # running when the bigger one closes)
         small = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, source=str(GRID))
-        assert {a.server_pid() for a in small._adapters} == big_pids
+        assert {a.server_pid() for a in small.adapters} == big_pids
         big.close()
         small.reset(seed=1)
         assert small.step([call("step", move="DOWN")] * 3)[1].tolist() == pytest.approx([-0.1] * 3)

@@ -110,7 +110,7 @@ def test_the_default_is_one_worker_for_a_single_env_and_follows_the_cores_for_a_
     envs = burn_vec(16, workers=None)
     try:
         assert len(env.unwrapped.adapter.server_pids()) == 1
-        pids = envs._adapters[0].server_pids()
+        pids = envs.adapters[0].server_pids()
         assert len(pids) == ors_local.default_workers(16) == min(2, ors_local._cores())
         assert env.unwrapped.adapter.server_pid() not in pids, "a different worker count is another server"
     finally:
@@ -123,7 +123,7 @@ def test_two_workers_serve_one_vector_env_with_sessions_spread_and_sticky():
     before = serve_children()
     envs = burn_vec(6, max_turns=50)
     try:
-        adapters = envs._adapters
+        adapters = envs.adapters
         pids = adapters[0].server_pids()
         assert len(adapters) == 3 and len(set(pids)) == 2
         assert all(a.server_pids() == pids for a in adapters), "the adapters of one vector env share the workers"
@@ -154,7 +154,7 @@ def test_an_openenv_folder_env_plays_correctly_over_two_workers():
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, source=GRID, server_workers=2,
                         vector_options={"envs_per_client": 2})
     try:
-        adapters = envs._adapters
+        adapters = envs.adapters
         pids = adapters[0].server_pids()
         assert len(set(pids)) == 2 and all(a.server_pids() == pids for a in adapters)
         for seed in (0, 1):
@@ -194,7 +194,7 @@ def connections(adapter) -> list[int]:
 def test_a_killed_worker_fails_only_its_sessions_in_bounded_time_and_is_restarted():
     envs = burn_vec(4, max_turns=50)
     try:
-        adapter = envs._adapters[0]
+        adapter = envs.adapters[0]
         pids = adapter.server_pids()
         envs.reset(seed=0)
         first = served(envs.step([burn()] * 4)[0])
@@ -215,7 +215,7 @@ def test_a_killed_worker_fails_only_its_sessions_in_bounded_time_and_is_restarte
         envs.step([burn()] * 4)  # the failed sub-envs start new episodes: the dead worker is restarted
         now = adapter.server_pids()
         assert victim not in now and pids[1] in now and all(pid_alive(p) for p in now)
-        assert all(a.server_pids() == now for a in envs._adapters)
+        assert all(a.server_pids() == now for a in envs.adapters)
         after = served(envs.step([burn()] * 4)[0])
         assert {pid for pid, _ in after} == set(now)
         for i in np.flatnonzero(~mine):
@@ -229,7 +229,7 @@ def test_a_killed_openenv_worker_fails_only_its_episodes():
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, source=GRID, server_workers=2,
                         vector_options={"envs_per_client": 2})
     try:
-        adapter = envs._adapters[0]
+        adapter = envs.adapters[0]
         pids = adapter.server_pids()
         envs.reset(seed=0)
         assert adapter.server_sessions() == [2, 2]
@@ -273,7 +273,7 @@ LAUNCH = textwrap.dedent("""
     import sys, time, gymnasium as gym, openenv_gym
     envs = gym.make_vec("openenv/ORS-v0", num_envs=2, source=sys.argv[2], env_class="CpuBurn", server_workers=2)
     envs.reset(seed=0)
-    print(*envs._adapters[0].server_pids(), flush=True)
+    print(*envs.adapters[0].server_pids(), flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
 """)

@@ -232,7 +232,7 @@ def test_unreadable_action_is_answered_without_feeding_the_library(guess):
 def test_close_and_reset_mid_episode_cancel_the_rollout(caplog):
     caplog.set_level(logging.ERROR, logger="asyncio")
     env = AgentEnv(VerifiersV0Adapter(source=CALC))
-    loop = env._own_loop._loop  # a single v0 env runs on a loop of its own (Adapter.caller_thread)
+    loop = env.runner.loop  # a single v0 env runs on a loop of its own (Adapter.caller_thread)
 
     def tasks() -> set[asyncio.Task]:
         return {t for t in asyncio.all_tasks(loop) if not t.done()}
@@ -605,7 +605,7 @@ def test_areset_and_astep_work_from_any_event_loop():
 def test_a_forgotten_close_of_a_single_env_leaves_no_task_or_thread():
     env = AgentEnv(VerifiersV0Adapter(source=SLOW))
     env.reset(options={"index": 0})
-    loop = env._own_loop._loop
+    loop = env.runner.loop
     (rollout,) = [t for t in asyncio.all_tasks(loop) if not t.done()]
     del env
     gc.collect()

@@ -44,7 +44,7 @@ def call(name: str, args: dict | None = None) -> dict:
 
 
 def host_pid(env) -> int:
-    pid = env.unwrapped._session.pid
+    pid = env.unwrapped.runner.pid
     assert pid is not None and procs.alive(pid)
     return pid
 
@@ -315,3 +315,91 @@ def test_groups_and_wrappers_work_through_hosts():
         pids = [p for p in envs.unwrapped.pids if p]
         envs.close()
     assert procs.wait_dead(pids) == []
+
+
+# -- hosts that stop answering are replaced, single env and vector env alike (the same rule) ------
+# A host that misses a deadline must answer a liveness check within PING_TIMEOUT, or it is killed
+# and replaced: a single env on its next call, a vector env at once (step_timeout + HUNG_GRACE
+# into the call).
+
+@pytest.fixture
+def corrupting_hosts(tmp_path, monkeypatch):
+    """Host processes that answer their first RUN (a reset), then send a frame header announcing
+    64 MiB and nothing more: the driver is left waiting inside a frame (the stream is corrupt)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # The host runs `-m openenv_gym.hosts.server`, which imports these protocol functions by name
+    # after this runs: reading and packing frames is where the host is made to misbehave.
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('OPENENV_GYM_TEST_CORRUPT_HOST'):\n"
+        "    import struct\n"
+        "    from openenv_gym.hosts import protocol\n"
+        "    real_pack, real_read, runs = protocol.pack, protocol.read_frame, []\n"
+        "    async def read_frame(reader):\n"
+        "        frame = await real_read(reader)\n"
+        "        if frame is not None and frame.kind is protocol.Kind.RUN:\n"
+        "            runs.append(frame.id)\n"
+        "        return frame\n"
+        "    def pack(frame):\n"
+        "        if len(runs) > 1 and frame.id in runs[1:]:\n"
+        "            return struct.pack('>I', 64 << 20) + b'garbage'\n"
+        "        return real_pack(frame)\n"
+        "    protocol.read_frame, protocol.pack = read_frame, pack\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OPENENV_GYM_TEST_CORRUPT_HOST", "1")
+    yield
+
+
+def test_a_stopped_single_host_is_replaced_by_the_next_reset():
+    """SIGSTOP: the step times out at step_timeout, the next reset finds the host dead, kills it and
+    plays on a new host (it used to time out against the same pid forever)."""
+    env = gym.make("openenv/ORS-v0", python=PY, step_timeout=1.0, **PROBE)
+    try:
+        env.reset(seed=0)
+        pid = host_pid(env)
+        tree = [pid, *procs.descendants(pid)]
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(BackendTimeout, match="step_timeout=1.0"):
+            env.step(call("hint"))
+        obs, info = env.reset(seed=1)
+        assert "What is" in obs[0]["content"]
+        assert host_pid(env) != pid and env.unwrapped.runner.replaced == 1
+        assert procs.wait_dead(tree, timeout=10) == [], "the stopped host and its server were not killed"
+        assert env.step(call("hint"))[0][0]["content"] == "Think step by step."
+    finally:
+        env.close()
+
+
+def test_a_single_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
+    env = gym.make("openenv/ORS-v0", python=PY, step_timeout=2.0, **PROBE)
+    try:
+        env.reset(seed=0)
+        pid = host_pid(env)
+        with pytest.raises(BackendTimeout):
+            env.step(call("hint"))  # its answer never completes
+        obs, _ = env.reset(seed=1)  # the liveness check fails: a new host (it corrupts only later runs)
+        assert "What is" in obs[0]["content"]
+        assert host_pid(env) != pid and env.unwrapped.runner.replaced == 1
+        assert procs.wait_dead([pid], timeout=10) == []
+    finally:
+        env.close()
+
+
+def test_a_vector_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
+    from openenv_gym.shard.handle import HUNG_GRACE, PING_TIMEOUT
+
+    vec = gym.make_vec("openenv/ORS-v0", num_envs=2, python=PY, step_timeout=1.0,
+                       vector_options={"num_hosts": 1}, **PROBE)
+    try:
+        vec.reset(seed=0)
+        (pid,) = vec.unwrapped.pids
+        start = time.monotonic()
+        _, _, _, truncated, infos = vec.step([call("hint")] * 2)
+        assert time.monotonic() - start < 1.0 + HUNG_GRACE + PING_TIMEOUT + 5
+        assert truncated.all() and set(infos["error"]["type"]) == {"BackendTimeout"}
+        assert all("stopped answering" in m and "replaced" in m for m in infos["error"]["message"])
+        assert vec.unwrapped.replaced_hosts == 1 and procs.wait_dead([pid], timeout=10) == []
+    finally:
+        vec.close()

@@ -132,12 +132,12 @@ def test_an_isolated_import_records_its_snapshot_and_plays_it_not_the_original(t
     try:
         _, info = env.reset(seed=0)
         assert "hint" in {t["function"]["name"] for t in info["tools"]}
-        assert type(env.unwrapped._session).__name__ == "HostedSession"
+        assert type(env.unwrapped.runner).__name__ == "HostRunner"
     finally:
         env.close()
     in_process = gym.make("openenv/IsoProbe-v0", isolate=False)
     try:
-        assert type(in_process.unwrapped._session).__name__ == "EnvSession"
+        assert type(in_process.unwrapped.runner).__name__ == "SessionRunner"
         in_process.reset(seed=0)
         assert in_process.step(call("hint"))[0][0]["role"] == "tool"
     finally:

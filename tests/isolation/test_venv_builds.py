@@ -120,7 +120,7 @@ def test_a_source_whose_requirements_conflict_with_this_venv_runs_isolated(tmp_p
         env.reset(seed=0)
         obs, reward, terminated, *_ = env.step(call("versions"))
         assert obs[0]["content"].startswith("sse-starlette 3.") and reward == 1.0 and terminated
-        assert procs.cmdline(env.unwrapped._session.pid).split()[0] == str(venvs.venv_python(Path(entry.isolated.venv)))
+        assert procs.cmdline(env.unwrapped.runner.pid).split()[0] == str(venvs.venv_python(Path(entry.isolated.venv)))
     finally:
         env.close()
     # vectorised, through host processes under the same venv

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from openenv_gym.sse import ServerSentEvent, SSEDecoder, parse_sse
-from openenv_gym.vector.ops import Op, Result, decode_ops, decode_results, encode_ops, encode_results
+from openenv_gym.shard.ops import Op, OpKind, Result, decode_ops, decode_results, encode_ops, encode_results
 from openenv_gym.wire import (
     JSON_INT_MAX,
     JSON_INT_MIN,
@@ -100,7 +100,7 @@ msgpack_values = st.recursive(
 str_dicts = st.dictionaries(st.text(max_size=6), msgpack_values, max_size=3)
 ints = st.integers(JSON_INT_MIN, JSON_INT_MAX)
 ops = st.builds(
-    Op, env_id=ints, req_id=ints, kind=st.sampled_from(["reset", "step", "step_reset"]) | st.text(max_size=5),
+    Op, env_id=ints, req_id=ints, kind=st.sampled_from(list(OpKind)),
     action=msgpack_values, seed=st.none() | ints, options=st.none() | str_dicts, note=st.none() | str_dicts,
     recreate=st.booleans(),
 )

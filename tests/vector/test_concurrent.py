@@ -191,7 +191,7 @@ def test_a_sub_env_that_times_out_is_isolated_and_recreated():
 @pytest.mark.timeout(120)
 def test_a_server_that_dies_mid_rollout_is_reported_and_recovered(probe_vec):
     probe_vec.reset(seed=0)
-    pids = {a.server_pid() for a in probe_vec._adapters}
+    pids = {a.server_pid() for a in probe_vec.adapters}
     assert len(pids) == 1, "all sub-envs share one server"
     os.kill(pids.pop(), signal.SIGKILL)
     obs, rewards, terminated, truncated, infos = probe_vec.step([call("hint", {})] * 4)
@@ -206,10 +206,10 @@ def test_a_server_that_dies_mid_rollout_is_reported_and_recovered(probe_vec):
 def test_close_mid_rollout_leaves_no_server_and_no_task():
     envs = gym.make_vec("openenv/ORS-v0", num_envs=3, source=str(ENVS / "ors_probe.py"), env_class="Probe")
     envs.reset(seed=0)
-    pid = envs._adapters[0].server_pid()
+    pid = envs.adapters[0].server_pid()
     envs.send([slow(30.0)] * 3)
     envs.close()
-    assert envs.closed and not envs._tasks
+    assert envs.closed and envs.shard.in_flight == 0
     deadline = time.monotonic() + 20
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -26,6 +26,7 @@ from gymnasium.vector import AutoresetMode
 ray = pytest.importorskip("ray")
 
 import openenv_gym  # noqa: E402,F401
+from openenv_gym.shard.handle import HUNG_GRACE, PING_TIMEOUT  # noqa: E402
 from openenv_gym.vector import ConcurrentVectorEnv  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -374,14 +375,14 @@ def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
         assert [o[0]["content"] for o in obs] == ["Think step by step."] * 2
         assert envs.late_results == 0
 
-        # an actor that stops answering (here: stopped) is killed and replaced after the call deadline
-        envs._call_timeout = 2.0  # 3 * step_timeout + 30 s by default: too long for a test
+        # an actor that stops answering (here: stopped) is killed and replaced once it misses a
+        # liveness check, asked step_timeout + HUNG_GRACE into the call
         pids = actor_pids(envs)
         stopped = pids[1]
         os.kill(stopped, signal.SIGSTOP)
         start = time.monotonic()
         obs, _, _, truncated, infos = envs.step([hint, hint])
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 1.0 + HUNG_GRACE + PING_TIMEOUT + 3
         assert truncated.tolist() == [False, True] and infos["_error"].tolist() == [False, True]
         assert infos["error"]["type"][1] == "BackendTimeout" and "replaced" in infos["error"]["message"][1]
         assert obs[0][0]["content"] == "Think step by step."
@@ -423,7 +424,7 @@ def test_an_interrupted_lockstep_step_loses_no_result(cluster):
 
 def alive_hosts():
     return {a["ActorID"] for a in ray._private.state.actors().values()
-            if a["State"] != "DEAD" and a.get("ActorClassName", "").endswith("EnvHost")}
+            if a["State"] != "DEAD" and a.get("ActorClassName", "").endswith("Shard")}
 
 
 def test_a_failing_start_raises_the_actors_error_and_leaves_no_actor(cluster, tmp_path):

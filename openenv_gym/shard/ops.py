@@ -1,16 +1,18 @@
-"""What a vector env asks of a sub-env, and what it gets back: ops, results, and running one.
+"""What a driver asks of a sub-env, and what it gets back: ops, results, and running one.
 
 An :class:`Op` is one request for one sub-env (reset, step, or step-then-reset for SAME_STEP
-autoreset); a :class:`Result` is its answer. Both are msgspec Structs because the Ray backend
-ships them between processes as msgpack bytes. :func:`run_op` executes an op against an
-:class:`~openenv_gym.session.EnvSession` and never raises for a backend failure: the failure
-becomes ``Result.error`` with the sub-env truncated, so one broken sub-env never stops the
-others. Every backend (in-process or in a Ray actor) runs ops through this one function.
+autoreset); a :class:`Result` is its answer. Both are msgspec Structs: in the same process they
+pass as objects, and only where they cross a process boundary (a host process, a Ray actor) are
+they encoded, as msgpack (:func:`encode_ops`, :func:`encode_results`). :func:`run_op` executes an
+op against an :class:`~openenv_gym.session.EnvSession` and never raises for a backend failure:
+the failure becomes ``Result.error`` with the sub-env truncated, so one broken sub-env never stops
+the others. Every shard, wherever it runs, runs ops through this one function.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,15 +25,30 @@ from openenv_gym.runtime import within as _within
 from openenv_gym.session import EnvSession
 from openenv_gym.wire import Message, decode_with
 
-__all__ = ["Op", "Result", "run_op", "error_dict", "failed", "call_each", "encode_ops", "decode_ops", "encode_results", "decode_results"]
+__all__ = [
+    "OpKind", "Op", "Result", "run_op", "error_dict", "failed", "call_each",
+    "encode_ops", "decode_ops", "encode_results", "decode_results", "encodable", "ENCODE_ERRORS",
+]
+
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError)
+"""What encoding a value msgpack cannot carry raises (an object, a huge int, deep nesting)."""
+
+
+class OpKind(enum.IntEnum):
+    """What an :class:`Op` asks (an int on the wire: one byte)."""
+
+    RESET = 0
+    STEP = 1
+    STEP_RESET = 2
+    """Step, and if that ends the episode, reset in the same request (SAME_STEP autoreset)."""
 
 
 class Op(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One request for one sub-env. ``kind``: ``reset``, ``step`` or ``step_reset``."""
+    """One request for one sub-env."""
 
     env_id: int
     req_id: int
-    kind: str
+    kind: OpKind
     action: Any = None
     seed: int | None = None
     options: dict[str, Any] | None = None
@@ -40,10 +57,10 @@ class Op(msgspec.Struct, array_like=True, omit_defaults=True):
     recreate: bool = False
     """Replace the sub-env's session before running (its previous request failed)."""
     next_seed: int | None = None
-    """For ``step_reset``: the seed of the next episode if this step ends the current one (a
+    """For ``STEP_RESET``: the seed of the next episode if this step ends the current one (a
     group's shared task, see :mod:`openenv_gym.vector.groups`)."""
     turn: Turn | None = None
-    """The action already parsed (a backend that ships ops between processes sends this rather
+    """The action already parsed (a driver that ships ops to another process sends this rather
     than the raw action: a parsed turn always encodes, whatever the model wrote)."""
 
 
@@ -78,7 +95,7 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
                  deadlines: Deadlines | None = None) -> Result:
     """Execute ``op`` on ``session``; failures and timeouts become ``Result.error``.
 
-    ``step_reset`` is SAME_STEP autoreset done where the env lives, so it costs one round trip:
+    ``STEP_RESET`` is SAME_STEP autoreset done where the env lives, so it costs one round trip:
     the step's final observation and info go into ``info["final_obs"]``/``info["final_info"]``
     and the returned observation is the next episode's first. ``wrapped``: ``(SubEnvWrappers,
     env)``, the sub-env's wrapper stack over ``session``, which then takes every reset and step.
@@ -97,14 +114,14 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
         def step(action: Any) -> Any:
             return runner.run(env.step, action)
     try:
-        if op.kind == "reset":
+        if op.kind is OpKind.RESET:
             obs, info = await within(reset(op.seed, op.options), timeout, "the sub-env's reset")
             if op.note:
                 info = {**info, **op.note}
             return Result(op.env_id, op.req_id, obs, info=info)
         action = op.turn if op.turn is not None else op.action
         obs, reward, terminated, truncated, info = await within(step(action), timeout, "the sub-env's step")
-        if op.kind == "step_reset" and (terminated or truncated):
+        if op.kind is OpKind.STEP_RESET and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}
             try:
                 obs, info = await within(reset(op.next_seed), timeout, "the sub-env's autoreset")
@@ -116,11 +133,6 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
     except Exception as exc:  # the adapter's own timeouts keep their message (and its limit)
         err = error_dict(exc)
     return failed(op, err)
-
-
-_ops_decoder = msgspec.msgpack.Decoder(list[Op])
-_results_decoder = msgspec.msgpack.Decoder(list[Result])
-_encoder = msgspec.msgpack.Encoder()
 
 
 async def call_each(sessions: Iterable[EnvSession], name: str, args: tuple, kwargs: dict) -> list[Any]:
@@ -136,6 +148,11 @@ async def call_each(sessions: Iterable[EnvSession], name: str, args: tuple, kwar
     return out
 
 
+_ops_decoder = msgspec.msgpack.Decoder(list[Op])
+_results_decoder = msgspec.msgpack.Decoder(list[Result])
+_encoder = msgspec.msgpack.Encoder()
+
+
 def encode_ops(ops: list[Op]) -> bytes:
     return _encoder.encode(ops)
 
@@ -145,8 +162,23 @@ def decode_ops(data: bytes) -> list[Op]:
 
 
 def encode_results(results: list[Result]) -> bytes:
-    return _encoder.encode(results)
+    """``results`` as msgpack; a result that cannot be encoded (an info holding an object) is sent
+    as a truncated error result instead, so one sub-env's odd info never loses the others'."""
+    try:
+        return _encoder.encode(results)
+    except ENCODE_ERRORS:
+        return _encoder.encode([encodable(r) for r in results])
 
 
 def decode_results(data: bytes) -> list[Result]:
     return decode_with(_results_decoder, data)
+
+
+def encodable(result: Result) -> Result:
+    """``result``, or a truncated error result if it cannot be sent (an info holding an object)."""
+    try:
+        _encoder.encode(result)
+        return result
+    except ENCODE_ERRORS as exc:
+        error = {"type": "EncodeError", "message": f"the sub-env's result cannot be sent to the driver: {exc}"}
+        return Result(result.env_id, result.req_id, [], 0.0, False, True, {"error": error}, error=error)

@@ -8,8 +8,9 @@ run as coroutines on an event loop. This module joins the two: each sub-env gets
 and an op runs that stack on a worker thread of its own (``loop.run_in_executor``), whose inner
 ``step`` hands the session's coroutine back to the loop and waits. Sub-envs still run
 concurrently (one thread each, mostly waiting), first-ready ``recv`` and the autoreset modes are
-unchanged, and a SAME_STEP autoreset goes through the wrappers' ``reset`` too. A Ray actor does the same with
-its own loop and threads, so the wrappers run where the sub-envs live.
+unchanged, and a SAME_STEP autoreset goes through the wrappers' ``reset`` too. A shard does this
+wherever it runs (in-process, in a host process, in a Ray actor), so the wrappers run where the
+sub-envs live.
 
 Wrappers are given as callables ``env -> env`` (a wrapper class, or ``functools.partial`` of one
 with its arguments), so the Ray backend can ship them to its actors by reference.
@@ -87,10 +88,13 @@ class SubEnvWrappers:
                                                            thread_name_prefix="openenv-gym-wrapped")
 
     def stack(self, env_id: int, session: EnvSession, tools: Sequence[Any]) -> gym.Env:
-        """The wrapped env of ``env_id`` over ``session`` (rebuilt when the session was replaced)."""
+        """The wrapped env of ``env_id`` over ``session``, rebuilt when the session was replaced
+        (the replaced stack is closed first: a recorder's file, say, must not stay open)."""
         held = self._stacks.get(env_id)
         if held is not None and held[0] is session:
             return held[1]
+        if held is not None:
+            _close_quietly(held[1])
         env: gym.Env = SessionEnv(session, asyncio.get_running_loop(), tools, self.spec)
         for wrap in self.wrappers:
             env = wrap(env)
@@ -105,9 +109,13 @@ class SubEnvWrappers:
     def close(self) -> None:
         """Close every stack (wrappers flush what they write) and stop the threads."""
         for _, env in self._stacks.values():
-            try:
-                env.close()
-            except Exception:
-                pass  # a wrapper's close must not stop the others'
+            _close_quietly(env)
         self._stacks.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _close_quietly(env: gym.Env) -> None:
+    try:
+        env.close()
+    except Exception:
+        pass  # a wrapper's close must not stop the others'
