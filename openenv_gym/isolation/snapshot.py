@@ -66,12 +66,11 @@ SECRET_WORDS: frozenset[str] = frozenset({
 """Words (of a name split at every non-alphanumeric character, lower-cased; two-word entries are
 adjacent words) that make a data file or a folder credential-shaped: ``token.txt``,
 ``service-account.json``, ``github_token``, ``client_secret_123.json``. Python modules are not
-judged by these words (``token_utils.py`` is code), only by :data:`SECRET_PATTERNS`."""
+judged by these words (``token_utils.py`` is code), only by :data:`SECRET_PATTERNS`; nor are
+Python packages (folders with an ``__init__.py``), whose files are judged one by one."""
 
-SKIPPED_DIRS: tuple[str, ...] = (
-    "__pycache__", "venv", "node_modules", "*.egg-info", "build", "dist", "htmlcov", "site-packages",
-)
-"""Folder names left out besides every dot-folder: caches, environments and build output."""
+SKIPPED_DIRS: tuple[str, ...] = ("__pycache__", "venv", "node_modules", "*.egg-info")
+"""Folder names left out besides every dot-folder: caches and environments."""
 
 REQUIREMENT_FILES = ("requirements.txt", "pyproject.toml")
 
@@ -110,15 +109,18 @@ def _words_say_secret(name: str) -> bool:
     return any(w in SECRET_WORDS for w in words) or any(f"{a} {b}" in SECRET_WORDS for a, b in zip(words, words[1:]))
 
 
-def excluded_reason(name: str, is_dir: bool) -> str | None:
-    """Why a file or folder called ``name`` is left out of a snapshot by default (``None``: it is copied)."""
+def excluded_reason(name: str, is_dir: bool, package: bool = False) -> str | None:
+    """Why a file or folder called ``name`` is left out of a snapshot by default (``None``: it is copied).
+
+    ``package``: the folder is a Python package (code, like a module: not judged by :data:`SECRET_WORDS`).
+    """
     lowered = name.lower()
     if is_dir:
         if lowered.startswith("."):
             return "a dot-folder: version control, caches or credential stores"
         if any(fnmatch.fnmatchcase(lowered, p) for p in SKIPPED_DIRS):
-            return "cache, environment or build folder"
-        if _words_say_secret(lowered):
+            return "cache or environment folder"
+        if not package and _words_say_secret(lowered):
             return "may hold secrets"
         return None
     if any(fnmatch.fnmatchcase(lowered, p) for p in SECRET_PATTERNS):
@@ -188,7 +190,9 @@ class _Selector:
         parts = rel.parts
         for i, name in enumerate(parts):
             last = i == len(parts) - 1
-            reason = excluded_reason(name, is_dir or not last)
+            folder = not last or is_dir
+            package = folder and (self.root.joinpath(*parts[:i + 1]) / "__init__.py").is_file()
+            reason = excluded_reason(name, folder, package)
             if reason is None:
                 continue
             if last:

@@ -199,7 +199,8 @@ def test_dotfiles_and_credential_shaped_names_are_left_out_and_code_and_data_are
     secrets = [".pgpass", ".dockercfg", "kubeconfig", "service-account.json", "token.txt", ".htpasswd",
                "github_token", "client_secret_123.json", "prod.tfvars", "api-key.txt", "serviceAccount.json",
                ".python-version", ".config/app.toml", "secrets/db.yaml", "deploy/kubeconfig.yaml"]
-    kept = ["tokenizer.json", "special_tokens_map.json", "token_utils.py", "data/passages.jsonl", "keys.py"]
+    kept = ["tokenizer.json", "special_tokens_map.json", "token_utils.py", "data/passages.jsonl", "keys.py",
+            "password_game/__init__.py", "password_game/rules.py", "build/x.txt"]  # code and data
     for rel in secrets + kept:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(f"x = {TOKEN!r}\n" if rel in secrets else "x = 1\n")
