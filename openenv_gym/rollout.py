@@ -335,8 +335,8 @@ def open_output(out: str | os.PathLike[str], if_exists: Literal["error", "append
         except FileExistsError:
             if path.is_file() and path.stat().st_size == 0:
                 return open(path, "wb")
-            raise ConfigurationError(f"{path} already exists and would be overwritten: pass if_exists='append' "
-                                     "(--append) to add to it, or 'overwrite' (--overwrite) to replace it") from None
+            raise ConfigurationError(f"{path} already holds data, which would be lost: --append adds to it, "
+                                     "--overwrite replaces it (if_exists='append' or 'overwrite' in Python)") from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         if isinstance(exc, FileNotFoundError):

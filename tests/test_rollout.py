@@ -213,7 +213,7 @@ def test_an_output_that_holds_records_is_refused_unless_appended_to_or_overwritt
     first = collect("openenv/Arithmetic-v0", 2, num_envs=2, seed=1, out=out, progress=False)
     assert first.written == 2
     kept = out.read_bytes()
-    with pytest.raises(ConfigurationError, match="already exists.*--append.*--overwrite"):
+    with pytest.raises(ConfigurationError, match="already holds data.*--append.*--overwrite"):
         collect("openenv/Arithmetic-v0", 2, num_envs=2, seed=2, out=out, progress=False)
     assert out.read_bytes() == kept  # nothing lost
     collect("openenv/Arithmetic-v0", 3, num_envs=2, seed=2, out=out, progress=False, if_exists="append")
