@@ -190,16 +190,16 @@ class _Selector:
         parts = rel.parts
         for i, name in enumerate(parts):
             last = i == len(parts) - 1
-            folder = not last or is_dir
-            package = folder and (self.root.joinpath(*parts[:i + 1]) / "__init__.py").is_file()
-            reason = excluded_reason(name, folder, package)
+            here = PurePosixPath(*parts[:i + 1])
+            reason = excluded_reason(name, is_dir or not last)
+            if reason is not None and (is_dir or not last) and (self.root / here / "__init__.py").is_file():
+                reason = excluded_reason(name, True, package=True)
             if reason is None:
                 continue
             if last:
                 return reason
-            folder = PurePosixPath(*parts[:i + 1])
-            if not self.included(folder):
-                return f"inside {folder}/: {reason}"
+            if not self.included(here):
+                return f"inside {here}/: {reason}"
         return None
 
     def leave(self, rel: PurePosixPath, reason: str, is_dir: bool = False) -> None:
@@ -219,6 +219,8 @@ class _Selector:
                 return None, "a broken or looping symlink"
             if not target.is_relative_to(self.root):
                 return None, "a symlink out of the source"
+            if target.is_dir():
+                return None, "a symlink to a folder: not followed"
             target_rel = PurePosixPath(target.relative_to(self.root).as_posix())
             why = self.rule(target_rel, False)
             if why is not None:
@@ -247,36 +249,35 @@ class _Selector:
         self.files[rel] = real
         return True
 
-    def folder(self, rel: PurePosixPath, quiet: bool = False) -> bool:
-        """Walk the folder ``rel`` (``PurePosixPath()`` for the root). Whether it was walked whole.
+    def folder(self, rel: PurePosixPath, quiet: bool = False) -> None:
+        """Walk the folder ``rel`` (``PurePosixPath()`` for the root), taking and listing its files.
 
         A folder the rules leave out is still entered for what an include pattern names inside
         it (``quiet``: its other content is covered by the folder's own line in the list).
         """
         path = self.root / rel
-        whole = True
         if rel.parts:
             if path.is_symlink():
                 if not quiet:
                     self.leave(rel, "a symlink to a folder: not followed", is_dir=True)
-                return False
+                return
             reason = self.rule(rel, True)
             if reason is None:
                 quiet = False  # included by name: walked (and its left-out content listed) as usual
             else:
+                named = self.named_inside(rel)
                 if not quiet:
-                    named = self.named_inside(rel)
                     self.leave(rel, reason + ("; only what --include names inside was copied" if named else ""),
                                is_dir=True)
-                if not self.named_inside(rel):
-                    return False
-                quiet, whole = True, False
+                if not named:
+                    return
+                quiet = True
         try:
             entries = sorted(os.scandir(path), key=lambda e: e.name)
         except OSError:
             if not quiet:
                 self.leave(rel, "cannot be read", is_dir=True)
-            return False
+            return
         for entry in entries:
             child = rel / entry.name
             if quiet and not (self.included(child) or self.named_inside(child)):
@@ -285,7 +286,6 @@ class _Selector:
                 self.folder(child, quiet)
             else:
                 self.file(child, quiet)
-        return whole
 
 
 def _local_imports(file: Path) -> list[str]:

@@ -182,6 +182,7 @@ def test_a_symlink_into_a_left_out_folder_or_file_is_left_out_and_listed(tmp_pat
     (src / "chain").symlink_to("gitcfg")                   # a chain of symlinks ending in .git/
     (src / "tasks.jsonl").symlink_to("data/train.jsonl")  # a symlink to a file that is copied: copied
     (src / "loop").symlink_to("loop")
+    (src / "data_link").symlink_to("data")                 # folders are not followed, even inside
     snap = snapshot(src, "Probe")
     copied = sorted(str(p.relative_to(snap.root)) for p in snap.root.rglob("*"))
     assert copied == ["data", "data/train.jsonl", "env.py", "probe_common.py", "tasks.jsonl"]
@@ -190,7 +191,7 @@ def test_a_symlink_into_a_left_out_folder_or_file_is_left_out_and_listed(tmp_pat
     left_out = "\n".join(snap.excluded)
     for line in ("gitcfg (a symlink to .git/config, which is left out: inside .git/", "creds (a symlink to "
                  "credentials.json", "nested/up (a symlink to .git/config", "chain (a symlink to .git/config",
-                 "loop (a broken or looping symlink)"):
+                 "loop (a broken or looping symlink)", "data_link (a symlink to a folder: not followed)"):
         assert line in left_out, left_out
 
 
