@@ -353,3 +353,15 @@ def test_a_token_in_the_query_is_refused_and_never_shown(capsys):
     assert main(["install", f"git+https://user:ab/{TOKEN}@127.0.0.1:{port}/r.git", "--name", "Slash", "--yes"]) == 2
     err = capsys.readouterr().err
     assert TOKEN not in err and "ab" not in err.split("error:")[1].split("percent-encode")[0]
+
+
+def test_install_copies_what_include_names_and_lists_the_rest(repo, capsys):
+    (repo.work / ".python-version").write_text("3.11\n")
+    (repo.work / "token.txt").write_text(TOKEN)
+    assert main(["install", str(repo.work), "--name", "Inc", "--yes", "--no-build", "--include", ".python-version"]) == 0
+    out = capsys.readouterr().out
+    entry = load_catalog()["Inc"]
+    assert (Path(entry.source) / ".python-version").read_text() == "3.11\n"
+    assert not (Path(entry.source) / "token.txt").exists() and "token.txt (may hold a secret)" in entry.isolated.excluded
+    assert not any(e.startswith(".python-version") for e in entry.isolated.excluded)
+    assert "--include PATH" in out and TOKEN not in out
