@@ -1,17 +1,21 @@
 """The ``openenv-gym`` command: import sources, list and inspect ids, collect rollouts.
 
-    openenv-gym import SOURCE --name NAME [--kind ors|fleet|verifiers] [--env-class CLS] [--isolated [--python 3.12] [--no-build]]
+    openenv-gym import SOURCE --name NAME [--kind ors|fleet|verifiers] [--env-class CLS]
+                       [--isolated [--python 3.12] [--no-build] [--include PATH ...]]
     openenv-gym install git+https://HOST/REPO[@REV][#subdirectory=PATH] | FOLDER | NAME==VERSION --name NAME [--yes]
+                        [--include PATH ...]
     openenv-gym list
     openenv-gym info ID
     openenv-gym remove NAME | --invalid
-    openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K]
-                        [--policy random|openai --base-url URL --model M] [--out traj.jsonl]
+    openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K [--drop-equal]]
+                        [--policy random|openai --base-url URL --model M] [--out traj.jsonl [--append|--overwrite]]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
 
 Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
-unknown id, a missing extra) print one clear line and exit with status 2, before anything runs;
-nothing is half-written to the catalog. Ctrl-C prints ``interrupted`` and exits with 130.
+unknown id, a missing extra, an ``--out`` that cannot be written) print one clear line and exit
+with status 2, before anything runs; nothing is half-written to the catalog. Every error line goes
+through :func:`~openenv_gym.redact.redact_urls`: no URL credential reaches the terminal. Ctrl-C
+prints ``interrupted`` and exits with 130.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import Any
 
 import msgspec
 
+from openenv_gym import __version__
 from openenv_gym.errors import ConfigurationError, OpenEnvGymError
+from openenv_gym.redact import redact_kwargs, redact_urls
 
 __all__ = ["main", "build_parser"]
 
@@ -35,12 +41,16 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd comm
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from openenv_gym.importers import import_source
+    from openenv_gym.isolation.snapshot import including
     from openenv_gym.registration import env_id
 
+    if args.include and not args.isolated:
+        raise ConfigurationError("--include picks left-out files for the snapshot of an isolated import: add --isolated")
     if args.isolated and not args.no_build:
         print("building its venv with uv (once per set of requirements; minutes the first time) ...", file=sys.stderr)
-    entry = import_source(args.source, args.name, kind=args.kind, env_class=args.env_class,
-                          isolated=args.isolated, python=args.python, build=not args.no_build)
+    with including(args.include):
+        entry = import_source(args.source, args.name, kind=args.kind, env_class=args.env_class,
+                              isolated=args.isolated, python=args.python, build=not args.no_build)
     what = entry.env_class or f"task set of {entry.env_name}"
     print(f"imported {entry.kind} environment {what} from {entry.origin or entry.source}")
     if entry.isolated is not None:
@@ -54,7 +64,7 @@ def _cmd_install(args: argparse.Namespace) -> int:
     from openenv_gym.registration import env_id
 
     entry = install(args.source, args.name, yes=args.yes, kind=args.kind, env_class=args.env_class,
-                    python=args.python, build=not args.no_build)
+                    python=args.python, build=not args.no_build, include=args.include)
     print(f"installed {entry.kind} environment {entry.env_class or entry.env_name} from {entry.origin}"
           + (f" at commit {entry.commit}" if entry.commit else ""))
     _print_isolation(entry)
@@ -64,10 +74,13 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
 def _print_isolation(entry: Any) -> None:
     """What an isolated import recorded: the snapshot, what it left out, the venv and its requirements."""
+    from openenv_gym.isolation.snapshot import INCLUDE_HINT
+
     iso = entry.isolated
     print(f"snapshot: {entry.source}")
     if iso.excluded:
         print(f"left out of the snapshot: {', '.join(iso.excluded)}")
+        print(f"  ({INCLUDE_HINT})")
     print(f"requirements: {', '.join(iso.requirements)}")
     print(f"venv: {iso.venv or '(built at the first gym.make)'}")
 
@@ -94,10 +107,34 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _imported(id: str) -> dict[str, Any] | None:
+    """What the catalog recorded for ``id``: where it came from and, if isolated, its snapshot and venv."""
+    from openenv_gym.importers.catalog import load_catalog
+    from openenv_gym.registration import env_id
+
+    entry = next((e for e in load_catalog().values() if env_id(e.name) == id), None)
+    if entry is None:
+        return None
+    shown: dict[str, Any] = {"name": entry.name, "kind": entry.kind, "origin": entry.origin or entry.source,
+                             "commit": entry.commit, "added_at": entry.added_at or None}
+    if entry.isolated is not None:
+        iso = entry.isolated
+        shown.update(snapshot=entry.source, left_out_of_snapshot=list(iso.excluded),
+                     requirements=list(iso.requirements), python=iso.python,
+                     venv=iso.venv or "(built at the first gym.make)")
+    if entry.options:
+        shown["options"] = redact_kwargs(entry.options)
+    return {k: redact_urls(v) if isinstance(v, str) else v for k, v in shown.items()}
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from openenv_gym.registration import env_info
 
-    print(json.dumps(env_info(args.id), indent=2, default=str))
+    info = env_info(args.id)
+    imported = _imported(info["id"])
+    if imported is not None:
+        info["imported"] = imported
+    print(json.dumps(info, indent=2, default=str))
     return 0
 
 
@@ -126,6 +163,11 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     tune_gc()  # this process steps many sub-envs and nothing else
 
     check_id(args.id)
+    if args.drop_equal and args.group_size is None:
+        raise ConfigurationError("--drop-equal leaves out groups of equal rewards: it needs --group-size")
+    if (args.append or args.overwrite) and not args.out:
+        raise ConfigurationError("--append and --overwrite say what to do with the --out file: add --out")
+    if_exists = "append" if args.append else "overwrite" if args.overwrite else "error"
     policy: object = "random"
     if args.policy == "openai":
         from openenv_gym.policies import OpenAIPolicy
@@ -136,13 +178,19 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     try:
         summary = collect(args.id, args.episodes, num_envs=args.num_envs, backend=args.backend, policy=policy,
                           seed=args.seed, batch_size=args.batch_size, out=args.out, progress=not args.quiet,
-                          group_size=args.group_size, drop_equal=args.drop_equal)
+                          group_size=args.group_size, drop_equal=args.drop_equal, if_exists=if_exists)
     finally:
         if policy != "random":
             policy.close()  # type: ignore[attr-defined]
     print(summary.table())
     if args.out:
-        print(f"episodes written to {args.out}")
+        verb = "appended to" if args.append else "written to"
+        if summary.written:
+            print(f"{summary.written} episodes {verb} {args.out}")
+        elif summary.dropped_groups:
+            print(f"no episodes {verb} {args.out}: every group's rewards were equal (--drop-equal left them out)")
+        else:
+            print(f"no episodes {verb} {args.out}")
     return 0
 
 
@@ -198,6 +246,7 @@ def _kinds() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openenv-gym", description="Any LLM-agent environment as a Gymnasium env.",
                                      formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -215,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=None, help="with --isolated: the venv's Python version, e.g. 3.12")
     p.add_argument("--no-build", action="store_true",
                    help="with --isolated: record the venv's requirements, build it at the first gym.make")
+    p.add_argument("--include", action="append", default=None, metavar="PATH",
+                   help="with --isolated: a " + "left-out path to copy into the snapshot anyway (a glob relative to the source, "
+                        "e.g. .python-version; repeatable): dotfiles and credential-shaped names are left out by default")
     p.set_defaults(fn=_cmd_import)
 
     p = command("install", "fetch a source (git URL, folder or requirement), show it, ask, then import it isolated")
@@ -226,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-class", default=None, help="the Environment class, when the source has several")
     p.add_argument("--python", default=None, help="the venv's Python version, e.g. 3.12")
     p.add_argument("--no-build", action="store_true", help="record the venv's requirements, build it at the first gym.make")
+    p.add_argument("--include", action="append", default=None, metavar="PATH",
+                   help="a " + "left-out path to copy into the snapshot anyway (a glob relative to the source, "
+                        "e.g. .python-version; repeatable): dotfiles and credential-shaped names are left out by default")
     p.set_defaults(fn=_cmd_install)
 
     p = command("list", "list the registered openenv ids and what each plays")
@@ -251,7 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", default=None, help="model name for --policy openai")
     p.add_argument("--seed", type=int, default=0, help="seed of task choice and the random policy")
-    p.add_argument("--out", default=None, help="write episodes as JSONL to this file")
+    p.add_argument("--out", default=None,
+                   help="write episodes as JSONL to this file (one that holds data is refused without --append or --overwrite)")
+    exists = p.add_mutually_exclusive_group()
+    exists.add_argument("--append", action="store_true", help="with --out: add to the file's records")
+    exists.add_argument("--overwrite", action="store_true", help="with --out: replace the file")
     p.add_argument("--group-size", type=int, default=None,
                    help="episodes per task (GRPO/RLOO groups): records get group-normalised advantages")
     p.add_argument("--drop-equal", action="store_true", help="with --group-size, leave out groups of equal rewards")
@@ -278,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import openenv_gym  # noqa: F401  (registers the ids these commands look up)
         return args.fn(args)
     except OpenEnvGymError as exc:
-        print(f"openenv-gym: error: {exc}", file=sys.stderr)
+        print(f"openenv-gym: error: {redact_urls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("openenv-gym: interrupted", file=sys.stderr)

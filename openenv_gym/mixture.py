@@ -22,6 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 import msgspec
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from openenv_gym import runtime
@@ -170,32 +171,35 @@ def make_mixture(
         env_kwargs: per-id ``gym.make_vec`` kwargs (``split``, ``max_turns``, ``isolate=True``,
             ``python=``, ``env_wrappers``...), on top of ``common`` (kwargs for every id).
 
-    Every id is checked (registered, counts positive) before anything starts; if one part fails
-    to start, the parts already started are closed.
+    Every argument is checked (a mapping of registered openenv ids to positive integer counts,
+    Python's or numpy's; a dict of kwargs per id; ``group_size``) before anything starts, each
+    mistake a :class:`~openenv_gym.errors.ConfigurationError` saying what was expected; if one
+    part fails to start, the parts already started are closed.
     """
-    if not weights:
-        raise ConfigurationError("make_mixture needs at least one id")
-    per_id = dict(env_kwargs or {})
-    unknown = set(per_id) - set(weights)
-    if unknown:
-        raise ConfigurationError(f"env_kwargs name ids that are not in the mixture: {sorted(unknown)}")
+    weights = _checked_weights(weights)
+    per_id = _checked_env_kwargs(env_kwargs, weights)
+    group_size = _positive_int(group_size, "group_size") if group_size is not None else None
     for name, n in weights.items():
-        if name not in gym.registry:
-            raise ConfigurationError(f"{name!r} is not a registered id")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigurationError(f"the mixture's count for {name!r} must be a positive integer, not {n!r}")
         if group_size is not None and n % group_size:
             raise ConfigurationError(f"{name!r} has {n} sub-envs, not a multiple of group_size={group_size} "
                                      "(a group must not span two ids)")
     check_group_size(sum(weights.values()), group_size)
-    autoreset_mode = AutoresetMode(autoreset_mode)
+    try:
+        autoreset_mode = AutoresetMode(autoreset_mode)
+    except ValueError:
+        raise ConfigurationError(f"autoreset_mode must be one of {', '.join(m.value for m in AutoresetMode)}, "
+                                 f"not {autoreset_mode!r}") from None
     parts: list[tuple[str, AgentVectorEnv]] = []
     try:
         for name, n in weights.items():
             kwargs = {**common, **per_id.get(name, {})}
             envs = gym.make_vec(name, num_envs=n, backend=backend, vector_options=vector_options,
                                 autoreset_mode=autoreset_mode, step_timeout=step_timeout, **kwargs)
-            parts.append((name, envs.unwrapped))  # type: ignore[arg-type]
+            if not isinstance(envs.unwrapped, AgentVectorEnv):  # a plugin's entry point that is not ours
+                envs.close()
+                raise ConfigurationError(f"{name!r} did not make an openenv_gym vector env "
+                                         f"({type(envs.unwrapped).__name__}): a mixture mixes openenv ids only")
+            parts.append((name, envs.unwrapped))
         mixture = MixtureVectorEnv(parts, autoreset_mode=autoreset_mode, step_timeout=step_timeout)
     except BaseException:
         for _, envs in parts:
@@ -206,3 +210,48 @@ def make_mixture(
         raise
     mixture.use_groups(group_size)
     return mixture
+
+
+def _positive_int(value: Any, what: str) -> int:
+    """``value`` as an ``int`` if it is a positive integer (Python's or numpy's, never a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigurationError(f"{what} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def _checked_weights(weights: Any) -> dict[str, int]:
+    """``weights`` as ``{id: count}``, every id a registered openenv id and every count positive."""
+    from openenv_gym.registration import VECTOR_ENTRY_POINT, check_id
+
+    if not isinstance(weights, Mapping):
+        raise ConfigurationError("make_mixture takes a mapping of id -> number of sub-envs, e.g. "
+                                 f"{{'openenv/Arithmetic-v0': 32}}, not a {type(weights).__name__}")
+    if not weights:
+        raise ConfigurationError("make_mixture needs at least one id")
+    checked: dict[str, int] = {}
+    for name, n in weights.items():
+        if not isinstance(name, str):
+            raise ConfigurationError(f"the mixture's ids must be strings, not {name!r}")
+        spec = gym.registry[check_id(name)]
+        if spec.vector_entry_point != VECTOR_ENTRY_POINT:
+            raise ConfigurationError(f"{name!r} is not an openenv id (its vector entry point is "
+                                     f"{spec.vector_entry_point!r}): a mixture mixes openenv ids only, "
+                                     "see `openenv-gym list`")
+        checked[name] = _positive_int(n, f"the mixture's count for {name!r}")
+    return checked
+
+
+def _checked_env_kwargs(env_kwargs: Any, weights: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """``env_kwargs`` as ``{id: {kwarg: value}}``, every id one of the mixture's."""
+    if env_kwargs is None:
+        return {}
+    if not isinstance(env_kwargs, Mapping):
+        raise ConfigurationError("env_kwargs must map ids to dicts of kwargs, e.g. "
+                                 f"{{'openenv/X-v0': {{'isolate': True}}}}, not a {type(env_kwargs).__name__}")
+    unknown = [k for k in env_kwargs if k not in weights]
+    if unknown:
+        raise ConfigurationError(f"env_kwargs name ids that are not in the mixture: {sorted(map(str, unknown))}")
+    for name, kwargs in env_kwargs.items():
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigurationError(f"env_kwargs[{name!r}] must be a dict of kwargs, not {kwargs!r:.80}")
+    return {name: dict(kwargs) for name, kwargs in env_kwargs.items()}

@@ -10,16 +10,22 @@ A key is secret when its name (any case, ``-`` read as ``_``) is one of :data:`S
 ends like one (``x_api_key``, ``github_token``); the rule is applied at every depth of nested
 dicts, so ``env_args={"api_key": ...}`` is hidden as well. A secret dict keeps its keys (which
 secret was passed is useful to see) and loses its values.
+
+URLs in text (an error, a plan, a recorded origin) go through :func:`redact_urls`: the user and
+password of every URL are removed and the values of secret query parameters (``access_token``,
+``private_token``, ``sig`` ...) replaced by ``***``.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from gymnasium.envs.registration import EnvSpec
 
-__all__ = ["SECRET_KWARGS", "HIDDEN", "is_secret", "redact_kwargs", "RedactedSpec", "RedactedEnvSpec"]
+__all__ = ["SECRET_KWARGS", "SECRET_QUERY_KEYS", "HIDDEN", "is_secret", "is_secret_query_key", "redact_kwargs",
+           "redact_urls", "RedactedSpec", "RedactedEnvSpec"]
 
 SECRET_KWARGS = frozenset({
     "secrets", "secret", "api_key", "apikey", "headers", "env_variables", "token", "access_token",
@@ -29,6 +35,12 @@ SECRET_KWARGS = frozenset({
 """Kwarg names whose values are never shown (compared lower-case, ``-`` as ``_``)."""
 
 _SECRET_SUFFIXES = ("_api_key", "_apikey", "_token", "_secret", "_password", "_credentials")
+
+SECRET_QUERY_KEYS = frozenset({
+    "key", "sig", "signature", "code", "x_amz_signature", "x_amz_credential", "x_amz_security_token",
+    "x_goog_signature", "x_goog_credential",
+})
+"""URL query parameters that carry a secret besides the :data:`SECRET_KWARGS` names (signed URLs)."""
 
 HIDDEN = "***"
 _MAX_DEPTH = 32  # kwargs nested deeper than this are not shown at all (nor walked without bound)
@@ -40,6 +52,42 @@ def is_secret(name: object) -> bool:
         return False
     key = name.lower().replace("-", "_")
     return key in SECRET_KWARGS or key.endswith(_SECRET_SUFFIXES)
+
+
+def is_secret_query_key(name: str) -> bool:
+    """Whether a URL query parameter called ``name`` carries a secret (``access_token``, ``X-Amz-Signature``)."""
+    return is_secret(name) or name.lower().replace("-", "_") in SECRET_QUERY_KEYS
+
+
+# A URL as it appears in running text: a scheme, then everything up to whitespace or a quote.
+_URL = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)([^\s\"'<>`]*)")
+_QUERY_PAIR = re.compile(r"([^&;=#]+)=([^&;#]*)")
+
+
+def _redact_url(match: re.Match[str]) -> str:
+    scheme, rest = match[1], match[2]
+    # The userinfo ends at the *last* "@" before the path: a password may hold "@", "?" or "#"
+    # that nobody percent-encoded, and none of it may survive.
+    slash = rest.find("/")
+    at = rest.rfind("@", 0, slash if slash != -1 else len(rest))
+    if at != -1:
+        rest = rest[at + 1:]
+    query = rest.find("?")
+    if query != -1:
+        fragment = rest.find("#", query)
+        end = fragment if fragment != -1 else len(rest)
+        hidden = _QUERY_PAIR.sub(lambda m: f"{m[1]}={HIDDEN}" if is_secret_query_key(m[1]) else m[0],
+                                 rest[query + 1:end])
+        rest = rest[:query + 1] + hidden + rest[end:]
+    return scheme + rest
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL's user and password removed and its secret query values hidden.
+
+    ``https://u:p@ss@host/x?access_token=t&page=2`` -> ``https://host/x?access_token=***&page=2``.
+    """
+    return _URL.sub(_redact_url, text)
 
 
 def _hide(value: Any) -> Any:

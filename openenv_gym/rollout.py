@@ -10,7 +10,14 @@ Each finished episode can be written as one JSON line (an
 :class:`~openenv_gym.records.EpisodeRecord`): the task reference, the tools offered, the
 whole conversation, per-turn rewards, terminated/truncated, errors and, when the policy returns
 them, each assistant turn's prompt and completion token ids and logprobs. The summary reports
-episodes, mean reward, env-steps per second and step-latency percentiles.
+episodes, mean reward, env-steps per second and step-latency percentiles, and how many records
+were written.
+
+The output file is opened before anything starts, so a path that cannot be written costs no
+server start; a file that already holds records is never truncated by default: a trainer points
+several runs at one file and expects to lose none, so ``if_exists="error"`` (the default) refuses
+it, ``"append"`` adds to it (a torn last line from a killed run stays on its own line) and
+``"overwrite"`` replaces it. An empty file counts as new.
 
 With ``group_size=k`` (GRPO, RLOO, pass@k) the vector env makes groups of ``k`` sub-envs whose
 ``e``-th episodes share a task (:mod:`openenv_gym.vector.groups`); a group's records are written
@@ -21,10 +28,11 @@ learning signal), and the summary adds mean@k and pass@k.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
 import gymnasium as gym
 import msgspec
@@ -36,7 +44,10 @@ from openenv_gym.policies import Policy, RandomPolicy
 from openenv_gym.records import as_assistant_message, encode_record
 from openenv_gym.vector.base import AgentVectorEnv, info_at
 
-__all__ = ["RolloutSummary", "RunStats", "advantages", "collect", "run"]
+__all__ = ["IF_EXISTS", "RolloutSummary", "RunStats", "advantages", "collect", "open_output", "run"]
+
+IF_EXISTS = ("error", "append", "overwrite")
+"""What :func:`collect` may do with an output file that already holds records."""
 
 TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "logprobs")
 """Per-assistant-turn lists a policy may return (``Policy.tokens``), copied into each record."""
@@ -66,6 +77,8 @@ class RolloutSummary(msgspec.Struct):
     """Mean reward over the groups' episodes."""
     pass_at_k: float | None = None
     """Fraction of groups in which at least one episode got a reward above 0."""
+    written: int = 0
+    """Records written to ``out`` (fewer than ``episodes`` when ``drop_equal`` left groups out)."""
 
     def table(self) -> str:
         rows = [
@@ -291,6 +304,46 @@ def run(
     return stats
 
 
+def open_output(out: str | os.PathLike[str], if_exists: Literal["error", "append", "overwrite"] = "error"
+                ) -> IO[bytes]:
+    """Open the JSONL file ``out`` for records (binary), checking everything before a run starts.
+
+    ``if_exists`` says what to do with a file that already holds data: ``"error"`` refuses it,
+    ``"append"`` adds after its last record, ``"overwrite"`` replaces it. Raises
+    :class:`~openenv_gym.errors.ConfigurationError` naming the path and the reason (a missing
+    folder, a folder given as the file, no permission).
+    """
+    if if_exists not in IF_EXISTS:
+        raise ConfigurationError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
+    path = Path(out)
+    try:
+        if if_exists == "overwrite":
+            return open(path, "wb")
+        if if_exists == "append":
+            sink = open(path, "ab+")
+            try:
+                if sink.seek(0, os.SEEK_END):
+                    sink.seek(-1, os.SEEK_END)
+                    if sink.read(1) != b"\n":  # a run killed mid-line: start the next record on a line of its own
+                        sink.write(b"\n")
+            except BaseException:
+                sink.close()
+                raise
+            return sink
+        try:
+            return open(path, "xb")
+        except FileExistsError:
+            if path.is_file() and path.stat().st_size == 0:
+                return open(path, "wb")
+            raise ConfigurationError(f"{path} already holds data, which would be lost: --append adds to it, "
+                                     "--overwrite replaces it (if_exists='append' or 'overwrite' in Python)") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, FileNotFoundError):
+            reason = f"its folder {path.parent} does not exist"
+        raise ConfigurationError(f"cannot write episodes to {path}: {reason}") from None
+
+
 def collect(
     env_id: str | Mapping[str, int],
     episodes: int,
@@ -306,6 +359,7 @@ def collect(
     vector_options: dict[str, Any] | None = None,
     group_size: int | None = None,
     drop_equal: bool = False,
+    if_exists: Literal["error", "append", "overwrite"] = "error",
 ) -> RolloutSummary:
     """Collect ``episodes`` episodes of ``env_id`` over ``num_envs`` sub-envs and summarise them.
 
@@ -320,49 +374,63 @@ def collect(
         policy: ``"random"`` or a :class:`~openenv_gym.policies.Policy` (e.g. ``OpenAIPolicy``).
         seed: seeds the sub-envs' task choice and the random policy: a rollout is reproducible.
         batch_size: sub-envs per first-ready batch (default: a quarter of them).
-        out: a JSONL file receiving one finished episode per line.
+        out: a JSONL file receiving one finished episode per line (opened before anything starts).
         progress: show a progress bar.
         make_kwargs: extra kwargs for ``gym.make_vec`` (e.g. ``split``, ``max_turns``).
         vector_options: backend options (``envs_per_client``, ``num_actors``, ``address``...).
         group_size: play groups of this many episodes per task and record each episode's
             group-normalised ``advantage`` (see :func:`run`).
         drop_equal: with groups, leave out groups whose rewards are all equal.
+        if_exists: what to do when ``out`` already holds data: ``"error"`` (refuse, the default),
+            ``"append"`` or ``"overwrite"`` (see :func:`open_output`).
     """
     if isinstance(env_id, Mapping):
         num_envs = sum(env_id.values())
     num_envs = max(1, min(num_envs, episodes))
     if group_size is not None:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        if isinstance(group_size, (bool, np.bool_)) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
             raise ConfigurationError(f"group_size must be a positive integer, not {group_size!r}")
+        group_size = int(group_size)
         if episodes % group_size:
             raise ConfigurationError(f"episodes={episodes} is not a multiple of group_size={group_size}")
         num_envs = max(group_size, num_envs - num_envs % group_size)
-    if isinstance(env_id, Mapping):
-        from openenv_gym.mixture import make_mixture
+    # Before any server starts: a bad path fails here, with nothing to clean up.
+    sink = open_output(out, if_exists) if out is not None else None
+    written = 0
+    try:
+        if isinstance(env_id, Mapping):
+            from openenv_gym.mixture import make_mixture
 
-        envs = make_mixture(env_id, backend=backend, autoreset_mode="SameStep", vector_options=vector_options,
-                            group_size=group_size, **(make_kwargs or {}))
-        env_id = "+".join(env_id)
-    else:
-        envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
-                            vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
+            envs = make_mixture(env_id, backend=backend, autoreset_mode="SameStep", vector_options=vector_options,
+                                group_size=group_size, **(make_kwargs or {}))
+            env_id = "+".join(env_id)
+        else:
+            envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
+                                vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
+    except BaseException:
+        if sink is not None:
+            sink.close()
+        raise
     agent: Policy = RandomPolicy(seed=seed) if policy == "random" else policy  # type: ignore[assignment]
-    sink = open(out, "wb") if out is not None else None
 
     def write(record: dict[str, Any]) -> None:
+        nonlocal written
         if sink is not None:  # one line per episode, an EpisodeRecord's fields
             sink.write(encode_record({"env": env_id, **record}))
+            written += 1
 
     start = time.perf_counter()
     try:
         stats = run(envs, agent, episodes, seed=seed, batch_size=batch_size, on_episode=write,
                     progress=progress, desc=env_id, drop_equal=drop_equal)
     finally:
-        envs.close()
-        if sink is not None:
-            sink.close()
-        if agent is not policy:
-            agent.close()
+        try:
+            envs.close()
+        finally:
+            if sink is not None:
+                sink.close()
+            if agent is not policy:
+                agent.close()
     seconds = time.perf_counter() - start
     returns, latencies = stats.returns, stats.latencies
     lat_ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
@@ -373,5 +441,5 @@ def collect(
         seconds=seconds, steps_per_sec=len(latencies) / seconds if seconds else 0.0,
         p50_step_ms=float(np.percentile(lat_ms, 50)), p99_step_ms=float(np.percentile(lat_ms, 99)),
         errors=stats.errors, group_size=group_size, groups=stats.groups, dropped_groups=stats.dropped_groups,
-        mean_at_k=stats.mean_at_k, pass_at_k=stats.pass_at_k,
+        mean_at_k=stats.mean_at_k, pass_at_k=stats.pass_at_k, written=written,
     )

@@ -6,9 +6,11 @@ spaces check *structure* and accept any Unicode text:
 
 * :class:`Messages` — the observation: a list of OpenAI chat messages.
 * :class:`AssistantAction` — the action: assistant text, or an assistant message with tool calls.
-  ``sample()`` draws a valid random action from ``np_random``: text, or a call of one of the
-  env's tools with arguments drawn from the tool's JSON schema, which is what a random policy and
-  ``check_env`` need.
+  ``sample()`` draws a valid random action from ``np_random``: a call of one of the env's tools
+  with arguments drawn from the tool's JSON schema (plain text only when the env has no tools, or
+  with the probability ``text_probability``, 0 by default), which is what ``check_env`` and a
+  user reading ``env.action_space.sample()`` expect. :class:`~openenv_gym.policies.RandomPolicy`
+  asks for 10 % text, so random rollouts also exercise the agent's plain-text turns.
 
 Both are plain :class:`gymnasium.spaces.Space` subclasses, so Gymnasium batches them as tuples.
 With ``AsyncVectorEnv`` pass ``shared_memory=False``: Gymnasium's shared-memory path returns stale
@@ -111,7 +113,8 @@ class AssistantAction(Space[Any]):
 
     Args:
         tools: the tools ``sample()`` may call (updated by the env when a task brings its own).
-        text_probability: how often ``sample()`` returns plain text instead of a tool call.
+        text_probability: how often ``sample()`` returns plain text instead of a tool call (0 by
+            default: a sample of an env with tools is a tool call; without tools it is text).
         seed: seed of ``np_random``.
     """
 
@@ -119,9 +122,11 @@ class AssistantAction(Space[Any]):
         self,
         tools: Sequence[ToolSpec] = (),
         *,
-        text_probability: float = 0.1,
+        text_probability: float = 0.0,
         seed: int | np.random.Generator | None = None,
     ):
+        if not 0.0 <= text_probability <= 1.0:
+            raise ValueError(f"text_probability must be between 0 and 1, not {text_probability!r}")
         super().__init__(shape=None, dtype=None, seed=seed)
         self.tools = list(tools)
         self.text_probability = text_probability

@@ -81,7 +81,7 @@ def test_groups_stay_inside_one_id():
 
 def test_bad_mixtures_are_refused_before_anything_starts():
     before = set(procs.descendants())
-    with pytest.raises(ConfigurationError, match="not a registered id"):
+    with pytest.raises(ConfigurationError, match="is not registered"):
         openenv_gym.make_mixture({ARITH: 2, "openenv/Nope-v0": 2})
     with pytest.raises(ConfigurationError, match="positive integer"):
         openenv_gym.make_mixture({ARITH: 0})
@@ -90,6 +90,39 @@ def test_bad_mixtures_are_refused_before_anything_starts():
     with pytest.raises(ConfigurationError):  # the second part fails to start: the first is closed
         openenv_gym.make_mixture({ARITH: 2, ORS: 2}, env_kwargs={ORS: {"source": str(ENVS / "missing.py")}})
     assert procs.wait_dead(set(procs.descendants()) - before, timeout=15) == []
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(weights={ARITH: 2}, group_size=0), "group_size must be a positive integer, not 0"),
+    (dict(weights={ARITH: 2}, group_size=-2), "group_size must be a positive integer"),
+    (dict(weights={ARITH: 2}, group_size=1.5), "group_size must be a positive integer"),
+    (dict(weights={ARITH: 2}, env_kwargs={ARITH: ["split", "test"]}), r"env_kwargs\['openenv/Arithmetic-v0'\] must be a dict"),
+    (dict(weights={ARITH: 2}, env_kwargs=[(ARITH, {})]), "env_kwargs must map ids to dicts"),
+    (dict(weights={"CartPole-v1": 2}), "'CartPole-v1' is not an openenv id"),
+    (dict(weights=[(ARITH, 2)]), "takes a mapping of id -> number of sub-envs"),
+    (dict(weights=[ARITH, ORS]), "takes a mapping of id -> number of sub-envs"),
+    (dict(weights={ARITH: np.float64(2.0)}), "count for 'openenv/Arithmetic-v0' must be a positive integer"),
+    (dict(weights={ARITH: np.bool_(True)}), "must be a positive integer"),
+    (dict(weights={ARITH: 2}, autoreset_mode="Sometimes"), "autoreset_mode must be one of"),
+], ids=["group_size=0", "group_size<0", "group_size float", "env_kwargs value a list", "env_kwargs a list",
+        "a Gymnasium id", "weights a list of pairs", "weights a list of ids", "a float count", "a numpy bool count",
+        "an unknown autoreset mode"])
+def test_every_bad_argument_is_a_configuration_error_naming_it(kwargs, says):
+    before = set(procs.descendants())
+    weights = kwargs.pop("weights")
+    with pytest.raises(ConfigurationError, match=says):
+        openenv_gym.make_mixture(weights, **kwargs)
+    assert set(procs.descendants()) - before == set()  # refused before anything started
+
+
+def test_numpy_integer_counts_work_like_ints():
+    envs = openenv_gym.make_mixture({ARITH: np.int64(2)}, group_size=np.int32(2))
+    try:
+        assert envs.num_envs == 2 and envs.group_size == 2
+        _, infos = envs.reset(seed=0)
+        assert infos["group"].tolist() == [0, 0]
+    finally:
+        envs.close()
 
 
 def test_a_dead_host_in_one_part_leaves_the_other_part_alone(mix):

@@ -187,3 +187,51 @@ def test_rollout_records_decode_as_episode_records_and_replay(tmp_path):
             assert rewards == record.rewards
     finally:
         env.close()
+
+
+# -- the output file: checked before anything starts, never truncated unasked ----------------------
+def test_an_output_that_cannot_be_written_fails_before_anything_starts(tmp_path):
+    import pytest
+
+    from openenv_gym.errors import ConfigurationError
+    from openenv_gym.testing import procs
+
+    before = set(procs.descendants())
+    with pytest.raises(ConfigurationError, match="folder .*missing does not exist"):
+        collect("openenv/Arithmetic-v0", 2, num_envs=2, out=tmp_path / "missing" / "e.jsonl", progress=False)
+    with pytest.raises(ConfigurationError, match="cannot write episodes to"):
+        collect("openenv/Arithmetic-v0", 2, num_envs=2, out=tmp_path, progress=False, if_exists="append")
+    assert set(procs.descendants()) - before == set()  # no server was started for a run that cannot be kept
+
+
+def test_an_output_that_holds_records_is_refused_unless_appended_to_or_overwritten(tmp_path):
+    import pytest
+
+    from openenv_gym.errors import ConfigurationError
+
+    out = tmp_path / "e.jsonl"
+    first = collect("openenv/Arithmetic-v0", 2, num_envs=2, seed=1, out=out, progress=False)
+    assert first.written == 2
+    kept = out.read_bytes()
+    with pytest.raises(ConfigurationError, match="already holds data.*--append.*--overwrite"):
+        collect("openenv/Arithmetic-v0", 2, num_envs=2, seed=2, out=out, progress=False)
+    assert out.read_bytes() == kept  # nothing lost
+    collect("openenv/Arithmetic-v0", 3, num_envs=2, seed=2, out=out, progress=False, if_exists="append")
+    assert out.read_bytes().startswith(kept) and len(out.read_text().splitlines()) == 5
+    with open(out, "ab") as f:  # a run killed mid-record leaves a torn line...
+        f.write(b'{"env": "openenv/Arith')
+    collect("openenv/Arithmetic-v0", 1, num_envs=1, seed=3, out=out, progress=False, if_exists="append")
+    lines = out.read_text().splitlines()  # ...and the next record starts on a line of its own
+    assert len(lines) == 7 and lines[5] == '{"env": "openenv/Arith' and json.loads(lines[6])["env"]
+    collect("openenv/Arithmetic-v0", 1, num_envs=1, seed=3, out=out, progress=False, if_exists="overwrite")
+    assert len(out.read_text().splitlines()) == 1
+    empty = tmp_path / "made-by-mktemp.jsonl"
+    empty.touch()  # an empty file holds nothing to lose
+    assert collect("openenv/Arithmetic-v0", 1, num_envs=1, out=empty, progress=False).written == 1
+
+
+def test_the_summary_counts_the_records_written(tmp_path):
+    out = tmp_path / "d.jsonl"
+    summary = collect("openenv/Arithmetic-v0", 8, num_envs=4, group_size=4, seed=4, out=out, progress=False,
+                      policy=HalfRight(all_right=True), drop_equal=True)
+    assert summary.episodes == 8 and summary.written == 0 and out.read_text() == ""

@@ -87,3 +87,37 @@ def test_same_seed_same_samples():
 def test_batching_as_gymnasium_does():
     batched = gym.vector.utils.batch_space(Messages(), 4)
     assert isinstance(batched, gym.spaces.Tuple) and len(batched) == 4
+
+
+def test_a_sample_of_an_env_with_tools_is_a_tool_call_as_the_readme_says():
+    import openenv_gym  # noqa: F401
+
+    env = gym.make("openenv/Arithmetic-v0")
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        samples = [env.action_space.sample() for _ in range(500)]
+    finally:
+        env.close()
+    assert all(isinstance(a, dict) and a["tool_calls"][0]["function"]["name"] in ("calculator", "submit")
+               for a in samples)
+
+
+def test_text_is_sampled_without_tools_or_when_asked_for():
+    assert all(isinstance(AssistantAction(seed=s).sample(), str) for s in range(20))
+    tools = [ToolSpec("hint")]
+    space = AssistantAction(tools, text_probability=0.5, seed=1)
+    assert {type(space.sample()) for _ in range(200)} == {str, dict}
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        AssistantAction(tools, text_probability=1.5)
+
+
+def test_the_random_policy_still_writes_some_text():
+    from openenv_gym.policies import RandomPolicy
+
+    policy = RandomPolicy(seed=0)
+    info = {"tools": [{"type": "function", "function": {"name": "hint", "parameters": {"type": "object"}}}]}
+    policy.reset(0, [], info)
+    actions = [policy.act_batch([0], [[]], [info])[0] for _ in range(300)]
+    texts = sum(isinstance(a, str) for a in actions)
+    assert 10 < texts < 60  # about 10 %

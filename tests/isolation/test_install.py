@@ -227,3 +227,141 @@ def test_a_local_folder_records_its_clean_commit(repo, tmp_path):
     shutil.rmtree(repo.work)  # the original is gone: the snapshot plays on
     register_catalog()
     assert tools_of("openenv/Local-v0") == {"v3"}
+
+
+# -- credentials: on no command line, in no message -----------------------------------------------
+class GitOverHttp:
+    """``bare`` served over git's dumb HTTP protocol on 127.0.0.1, behind HTTP Basic auth.
+
+    While an authorised request is being answered, git's processes are alive: the handler then
+    reads the command line of every descendant of this test (``/proc/PID/cmdline``).
+    """
+
+    def __init__(self, bare: Path, user: str, password: str):
+        import base64
+        import functools
+        import http.server
+        import threading
+
+        from openenv_gym.testing import procs
+
+        git("update-server-info", cwd=bare)
+        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.requests: list[tuple[str, bool]] = []
+        self.command_lines: list[str] = []
+        outer = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def do_GET(self):
+                authorised = self.headers.get("Authorization") == expected
+                outer.requests.append((self.path, authorised))
+                if not authorised:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="repo"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if not outer.command_lines:
+                    outer.command_lines = [procs.cmdline(p) for p in procs.descendants()]
+                super().do_GET()
+
+            def log_message(self, *args):
+                pass
+
+        handler = functools.partial(Handler, directory=str(bare.parent))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"127.0.0.1:{self.server.server_address[1]}/{bare.name}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_url_credentials_reach_git_through_its_environment_and_never_a_command_line(repo, capsys):
+    user, password = "oauth2", f"p@ss:{TOKEN}/x?y#z"  # "@", ":", "/", "?", "#": all percent-encoded in the URL
+    from urllib.parse import quote
+
+    served = GitOverHttp(repo.bare, user, password)
+    try:
+        url = f"git+http://{user}:{quote(password, safe='')}@{served.url}"
+        assert main(["install", url, "--name", "Cred", "--yes", "--no-build"]) == 0
+    finally:
+        served.close()
+    out = capsys.readouterr()
+    # git asked, was refused, then sent the credentials the helper gave it: the clone happened
+    assert (False in {a for _, a in served.requests}) and (True in {a for _, a in served.requests})
+    assert load_catalog()["Cred"].commit == repo.first
+    # while the clone ran, git's HTTP helper was alive, and no command line held the password
+    assert any("remote-http" in line and served.url.split("/")[0] in line for line in served.command_lines)
+    leaks = [line for line in served.command_lines if TOKEN in line or quote(password, safe="") in line]
+    assert leaks == []
+    assert TOKEN not in out.out + out.err and load_catalog()["Cred"].origin == f"git+http://{served.url}"
+    assert TOKEN not in Path(os.environ["OPENENV_GYM_CATALOG"]).read_text()
+
+
+def test_a_wrong_password_fails_and_is_never_shown(repo, capsys):
+    served = GitOverHttp(repo.bare, "oauth2", "right")
+    try:
+        assert main(["install", f"git+http://oauth2:{TOKEN}@{served.url}", "--name", "Wrong", "--yes",
+                     "--no-build"]) == 2
+    finally:
+        served.close()
+    err = capsys.readouterr().err
+    assert "failed" in err and TOKEN not in err and served.url in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_credential_helper_answers_only_its_own_host():
+    from openenv_gym.isolation.install import _git_env, _without_credentials
+
+    url = _without_credentials("https://u:secret@127.0.0.1:1234/org/repo.git")
+    assert url.url == "https://127.0.0.1:1234/org/repo.git"
+
+    def fill(request: str) -> str:
+        return subprocess.run(["git", "credential", "fill"], input=request, capture_output=True, text=True,
+                              env=_git_env(url.env), timeout=30).stdout
+
+    assert "password=secret" in fill("protocol=https\nhost=127.0.0.1:1234\n\n")
+    assert "secret" not in fill("protocol=https\nhost=127.0.0.2:1234\n\n")  # a redirect elsewhere gets nothing
+    assert "secret" not in fill("protocol=http\nhost=127.0.0.1:1234\n\n")   # nor a downgrade to http
+
+
+def closed_port() -> int:
+    """A port nothing listens on: a clone from it fails at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_password_with_an_at_sign_never_reaches_the_output(capsys):
+    port = closed_port()
+    assert strip_credentials(f"https://u:head@tail-{TOKEN}@127.0.0.1/x") == "https://127.0.0.1/x"
+    assert main(["install", f"git+https://user:head@tail-{TOKEN}@127.0.0.1:{port}/org/repo.git", "--name", "At",
+                 "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "127.0.0.1" in err and "tail" not in err and TOKEN not in err
+
+
+def test_a_token_in_the_query_is_refused_and_never_shown(capsys):
+    port = closed_port()
+    for query in (f"access_token={TOKEN}", f"private_token={TOKEN}&ref=main", f"X-Amz-Signature={TOKEN}"):
+        assert main(["install", f"git+https://127.0.0.1:{port}/org/repo.git?{query}", "--name", "Query", "--yes"]) == 2
+        err = capsys.readouterr().err
+        assert TOKEN not in err and "=***" in err and "USER:TOKEN@" in err
+    # a password whose "/" was not encoded puts part of it where the host goes: none of it is shown
+    assert main(["install", f"git+https://user:ab/{TOKEN}@127.0.0.1:{port}/r.git", "--name", "Slash", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert TOKEN not in err and "ab" not in err.split("error:")[1].split("percent-encode")[0]
+
+
+def test_install_copies_what_include_names_and_lists_the_rest(repo, capsys):
+    (repo.work / ".python-version").write_text("3.11\n")
+    (repo.work / "token.txt").write_text(TOKEN)
+    assert main(["install", str(repo.work), "--name", "Inc", "--yes", "--no-build", "--include", ".python-version"]) == 0
+    out = capsys.readouterr().out
+    entry = load_catalog()["Inc"]
+    assert (Path(entry.source) / ".python-version").read_text() == "3.11\n"
+    assert not (Path(entry.source) / "token.txt").exists() and "token.txt (may hold a secret)" in entry.isolated.excluded
+    assert not any(e.startswith(".python-version") for e in entry.isolated.excluded)
+    assert "--include PATH" in out and TOKEN not in out

@@ -6,6 +6,7 @@ The venv builds themselves (uv, minutes) are in ``test_venv_builds.py``, marked 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -169,3 +170,106 @@ def test_detection_error_before_anything_is_copied(tmp_path, data_dir):
     with pytest.raises(DetectionError):
         import_source(tmp_path / "empty", "Nothing", isolated=True, build=False)
     assert not data_dir.exists()
+
+
+# -- what a snapshot must never take: symlinks into left-out places, dotfiles, credential-shaped names --
+def test_a_symlink_into_a_left_out_folder_or_file_is_left_out_and_listed(tmp_path, data_dir):
+    src = probe_folder(tmp_path)
+    (src / "gitcfg").symlink_to(".git/config")            # the token of .git/config, under another name
+    (src / "creds").symlink_to("credentials.json")         # a secret file under a harmless name
+    (src / "nested").mkdir()
+    (src / "nested" / "up").symlink_to("../.git/config")   # the same, relative, from a subfolder
+    (src / "chain").symlink_to("gitcfg")                   # a chain of symlinks ending in .git/
+    (src / "tasks.jsonl").symlink_to("data/train.jsonl")  # a symlink to a file that is copied: copied
+    (src / "loop").symlink_to("loop")
+    (src / "data_link").symlink_to("data")                 # folders are not followed, even inside
+    snap = snapshot(src, "Probe")
+    copied = sorted(str(p.relative_to(snap.root)) for p in snap.root.rglob("*"))
+    assert copied == ["data", "data/train.jsonl", "env.py", "probe_common.py", "tasks.jsonl"]
+    assert not (snap.root / "tasks.jsonl").is_symlink() and (snap.root / "tasks.jsonl").read_text() == '{"q": 1}\n'
+    assert TOKEN.encode() not in all_bytes(data_dir)
+    left_out = "\n".join(snap.excluded)
+    for line in ("gitcfg (a symlink to .git/config, which is left out: inside .git/", "creds (a symlink to "
+                 "credentials.json", "nested/up (a symlink to .git/config", "chain (a symlink to .git/config",
+                 "loop (a broken or looping symlink)", "data_link (a symlink to a folder: not followed)"):
+        assert line in left_out, left_out
+
+
+def test_dotfiles_and_credential_shaped_names_are_left_out_and_code_and_data_are_not(tmp_path, data_dir):
+    src = probe_folder(tmp_path)
+    secrets = [".pgpass", ".dockercfg", "kubeconfig", "service-account.json", "token.txt", ".htpasswd",
+               "github_token", "client_secret_123.json", "prod.tfvars", "api-key.txt", "serviceAccount.json",
+               ".python-version", ".config/app.toml", "secrets/db.yaml", "deploy/kubeconfig.yaml"]
+    kept = ["tokenizer.json", "special_tokens_map.json", "token_utils.py", "data/passages.jsonl", "keys.py",
+            "password_game/__init__.py", "password_game/rules.py", "build/x.txt"]  # code and data
+    for rel in secrets + kept:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(f"x = {TOKEN!r}\n" if rel in secrets else "x = 1\n")
+    snap = snapshot(src, "Probe")
+    copied = {str(p.relative_to(snap.root)) for p in snap.root.rglob("*") if p.is_file()}
+    assert set(kept) <= copied and not copied & set(secrets)
+    assert TOKEN.encode() not in all_bytes(data_dir)
+    listed = {line.split(" (")[0] for line in snap.excluded}
+    assert {s for s in secrets if "/" not in s} | {".config/", "secrets/", "deploy/kubeconfig.yaml"} <= listed
+
+
+def test_include_copies_a_named_left_out_file_and_never_a_symlink_out(tmp_path, data_dir, capsys):
+    src = probe_folder(tmp_path)
+    (src / ".python-version").write_text("3.11\n")
+    (src / ".config").mkdir()
+    (src / ".config" / "app.toml").write_text("debug = true\n")
+    (src / ".config" / "token.txt").write_text(TOKEN)
+    snap = snapshot(src, "Probe", include=[".python-version", ".config", "linked.txt"])
+    assert (snap.root / ".python-version").read_text() == "3.11\n"
+    assert (snap.root / ".config" / "app.toml").is_file()  # the folder is named: its own files judged by name
+    assert not (snap.root / ".config" / "token.txt").exists() and not (snap.root / "linked.txt").exists()
+    assert "linked.txt (a symlink out of the source)" in snap.excluded
+    assert ".config/token.txt (may hold a secret)" in snap.excluded
+    only = snapshot(src, "Probe", include=[".git/config"]).root  # a file inside a left-out folder, alone
+    assert sorted(p.name for p in (only / ".git").iterdir()) == ["config"]
+    with pytest.raises(ConfigurationError, match="inside it"):
+        snapshot(src, "Probe", include=["../outside.txt"])
+    # the command line: the list says how to include, and --include does it
+    assert main(["import", str(src), "--name", "Inc", "--env-class", "Probe", "--isolated", "--no-build",
+                 "--include", ".python-version"]) == 0
+    out = capsys.readouterr().out
+    assert "--include PATH" in out and ".python-version" not in out.split("left out of the snapshot:")[1]
+    assert (Path(load_catalog()["Inc"].source) / ".python-version").is_file()
+
+
+def test_a_single_file_import_takes_no_sibling_or_requirement_that_links_out(tmp_path, data_dir, capsys):
+    from isolation_envs import one_tool_env
+
+    home = tmp_path / "home"  # a single file's folder may be anything: here, beside the user's secrets
+    src = tmp_path / "src"
+    home.mkdir(), src.mkdir()
+    (home / "keys.py").write_text(f"API_KEY = {TOKEN!r}\n")
+    (home / "reqs").write_text(f"private-pkg @ https://user:{TOKEN}@example.invalid/x.whl\n")
+    (src / "env.py").write_text(one_tool_env("Tiny", "go", "'ok'", imports="import helper\nimport secrets\n"))
+    (src / "helper.py").symlink_to(home / "keys.py")
+    (src / "secrets.py").write_text(f"TOKEN = {TOKEN!r}\n")
+    (src / "requirements.txt").symlink_to(home / "reqs")
+    assert main(["import", str(src / "env.py"), "--name", "Single", "--isolated", "--no-build"]) == 0
+    out = capsys.readouterr().out
+    assert TOKEN not in out and "private-pkg" not in out
+    entry = load_catalog()["Single"]
+    assert sorted(p.name for p in Path(entry.source).parent.iterdir()) == ["env.py"]
+    assert not any("private-pkg" in r for r in entry.isolated.requirements)
+    assert set(entry.isolated.excluded) >= {"helper.py (a symlink out of the source)",
+                                            "requirements.txt (a symlink out of the source)",
+                                            "secrets.py (may hold a secret)"}
+    assert TOKEN not in Path(os.environ["OPENENV_GYM_CATALOG"]).read_text() and TOKEN.encode() not in all_bytes(data_dir)
+
+
+def test_a_symlinked_package_folder_is_not_followed(tmp_path, data_dir):
+    from isolation_envs import one_tool_env
+
+    (tmp_path / "elsewhere" / "pkg").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "pkg" / "__init__.py").write_text(f"TOKEN = {TOKEN!r}\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "env.py").write_text(one_tool_env("Tiny", "go", "'ok'", imports="import pkg\n"))
+    (src / "pkg").symlink_to(tmp_path / "elsewhere" / "pkg")
+    snap = snapshot(src / "env.py", "Single")
+    assert sorted(p.name for p in snap.root.iterdir()) == ["env.py"]
+    assert "pkg/ (a symlink to a folder: not followed)" in snap.excluded
