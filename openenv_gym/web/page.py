@@ -27,8 +27,12 @@ _STATIC = "static"
 
 @functools.cache
 def asset(name: str) -> str:
-    """A file of ``openenv_gym/web/static`` as text."""
-    return (resources.files("openenv_gym.web") / _STATIC / name).read_text(encoding="utf-8")
+    """A file of ``openenv_gym/web/static`` as text (a script or style must not hold what would
+    end its inline element early, or change how the browser reads it)."""
+    text = (resources.files("openenv_gym.web") / _STATIC / name).read_text(encoding="utf-8")
+    if not name.endswith(".html") and any(bad in text.lower() for bad in ("</script", "<script", "<!--", "</style")):
+        raise AssertionError(f"{name} holds markup that would break out of its inline element")
+    return text
 
 
 def json_block_text(data: bytes) -> bytes:

@@ -92,8 +92,10 @@ def episode_text(messages: Sequence[Any]) -> str:
     for m in messages:
         if isinstance(m, dict):  # a decoded record's message
             content, calls = m.get("content"), m.get("tool_calls")
-        else:
+        elif isinstance(m, _Message):
             content, calls = m.content, m.tool_calls
+        else:
+            continue
         parts.extend(_content_texts(content))
         if isinstance(calls, list):
             for call in calls:

@@ -1,6 +1,6 @@
 // A conversation (an EpisodeRecord's messages) rendered as a chat, for both pages.
 // Everything a record holds is put in the page as text (textContent, never innerHTML): a message
-// that says <script> shows those characters. Images are shown only from data: URLs (the page
+// holding markup shows its characters. Images are shown only from data: URLs (the page
 // fetches nothing); any other URL is shown as text.
 (function () {
   "use strict";
