@@ -97,8 +97,15 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-class Busy(Exception):
+class Conflict(Exception):
+    """The request does not fit the session's state (an episode that has ended, a call running): 409."""
+
+
+class Busy(Conflict):
     """The env is still answering the previous call."""
+
+    def __init__(self) -> None:
+        super().__init__("the env is still answering the previous action")
 
 
 class PlaySession:
@@ -156,9 +163,9 @@ class PlaySession:
         """Apply one action of the page's: text, or an assistant message with tool calls."""
         record = self.record
         if record is None:
-            raise ConfigurationError("no episode: start one")
+            raise Conflict("no episode: start one")
         if record.terminated or record.truncated:
-            raise ConfigurationError("this episode has ended: start a new one")
+            raise Conflict("this episode has ended: start a new one")
         try:
             obs, reward, terminated, truncated, info = self.env.step(action)
         except Exception as exc:
@@ -184,7 +191,7 @@ class PlaySession:
         """Append the episode so far to :attr:`out` as one record line."""
         with self._lock:
             if self.record is None:
-                raise ConfigurationError("no episode to save")
+                raise Conflict("no episode to save")
             line = encode_record(self.record)
         if self._writer is None:
             self._writer = JsonlWriter(self.out)
@@ -293,10 +300,10 @@ def make_app(session: PlaySession, worker: Worker, linger: float = 30.0) -> web.
             return answer(f"bad request: {exc}", 400)
         try:
             await on_worker(fn(body))
-        except Busy:
-            return answer("the env is still answering the previous action", 409)
-        except ConfigurationError as exc:
+        except Conflict as exc:
             return answer(str(exc), 409)
+        except ConfigurationError as exc:  # the env refused the request (an unknown split, a missing task)
+            return answer(_describe(exc), 400)
         except Exception as exc:  # the env failed: say so on the page, the server goes on
             return answer(_describe(exc), 502)
         return answer()
@@ -318,7 +325,7 @@ def make_app(session: PlaySession, worker: Worker, linger: float = 30.0) -> web.
         try:
             await request.read()
             session.save()
-        except ConfigurationError as exc:
+        except Conflict as exc:
             return answer(str(exc), 409)
         except OSError as exc:
             return answer(f"cannot write {session.out}: {exc.strerror or exc}", 500)
