@@ -188,6 +188,7 @@
     const params = fn.parameters && typeof fn.parameters === "object" ? fn.parameters : {};
     const form = el("form", "tool-form");
     form.dataset.tool = name;
+    form.noValidate = true; // the fields say what is wrong themselves (the browser's check would block the submit)
     form.append(el("strong", "call-name", name));
     if (typeof fn.description === "string") form.append(el("div", "tool-desc", fn.description));
     const required = Array.isArray(params.required) ? params.required : [];
