@@ -269,8 +269,10 @@
     row.classList.toggle("good", reward[i] > 0);
   }
   let drawPending = false;
+  let spacerHeight = "";
   function drawList(reset) {
-    spacer.style.height = view.length * ROW + "px";
+    const height = view.length * ROW + "px";
+    if (height !== spacerHeight) spacer.style.height = spacerHeight = height;
     const first = Math.max(0, Math.floor(list.scrollTop / ROW) - 8);
     const count = Math.ceil((list.clientHeight || 600) / ROW) + 16;
     while (pool.length < count) pool.push(makeRow());
@@ -458,5 +460,6 @@
 
   resort();
   document.body.dataset.ready = "1";
-  OG.viewState = { shown: () => view.length, select: select, rows: n };
+  // For tests and the benchmark: what the list shows, and a synchronous redraw.
+  OG.viewState = { shown: () => view.length, select: select, rows: n, draw: () => drawList(false) };
 })();
