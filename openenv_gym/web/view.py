@@ -130,7 +130,9 @@ def make_app(rollouts: Rollouts, title: str = "") -> web.Application:
 
     async def get_search(request: web.Request) -> web.Response:
         query = request.query.get("q", "")
-        matches = await _in_thread(rollouts.search, query)
+        # A first search that comes before the background build waits for it (about a second at
+        # 100,000 episodes): off the loop.
+        matches = await asyncio.to_thread(rollouts.search, query)
         return web.Response(body=_encode({"query": query, "matches": matches}), content_type="application/json")
 
     async def on_startup(app: web.Application) -> None:
@@ -142,11 +144,6 @@ def make_app(rollouts: Rollouts, title: str = "") -> web.Application:
     app.router.add_get("/api/episode/{n}", get_episode)
     app.router.add_get("/api/search", get_search)
     return app
-
-
-async def _in_thread(fn: Any, *args: Any) -> Any:
-    # A first search of 100,000 episodes lowers every text (about a second): off the loop.
-    return await asyncio.to_thread(fn, *args)
 
 
 def view_server(paths: Iterable[str | os.PathLike[str]], port: int = 0) -> tuple[LoopbackServer, Rollouts]:
