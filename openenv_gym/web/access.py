@@ -84,8 +84,9 @@ class Access:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await self._check(request, handler)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)
+        if not response.prepared:  # a WebSocket's answer has gone out already
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
         return response
 
     async def _check(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -110,7 +111,7 @@ class Access:
             response: web.StreamResponse = web.Response(status=303, headers={hdrs.LOCATION: "/"})
         else:
             response = await handler(request)
-        if from_query is not None:
+        if from_query is not None and not response.prepared:
             response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
         return response
 

@@ -224,3 +224,37 @@ def test_play_refuses_what_it_cannot_start(tmp_path: Path) -> None:
     assert main(["play", "openenv/Arithmetc-v0"]) == 2
     assert main(["play", "openenv/Arithmetic-v0", "no_such_kwarg=1"]) == 2
     assert main(["play", "openenv/Arithmetic-v0", "oops"]) == 2
+
+
+ENVS = Path(__file__).resolve().parents[1] / "envs"
+
+
+@pytest.mark.parametrize("kind", ["verifiers", "openenv"])
+def test_play_drives_other_kinds_through_the_same_api(serve, tmp_path: Path, kind: str) -> None:
+    """A legacy Verifiers env (its own loop, driven from play's worker thread) and an OpenEnv env
+    served from its folder: the same routes, the same record."""
+    if kind == "verifiers":
+        env_id, kwargs = "openenv/Verifiers-v0", {"source": str(ENVS / "verifiers_v0" / "vf_calc_tool.py")}
+    else:
+        env_id, kwargs = "openenv/OpenEnv-v0", {"source": str(ENVS / "openenv_echo_env")}
+    env = gym.make(env_id, **kwargs)
+    session = PlaySession(env, env_id, tmp_path / "p.jsonl")
+    session.reset(seed=0)
+    served = serve(LoopbackServer(make_app(session, Worker(), linger=60), Access()))
+    with httpx.Client(base_url=served.base, headers={"Authorization": f"token {served.token}"}, timeout=120) as client:
+        state = client.post("/api/reset", json={"split": session.splits[0]["name"], "index": 0}).json()
+        tools = [t["function"]["name"] for t in state["record"]["tools"]]
+        if kind == "verifiers":
+            assert "multiply" in tools and "12 * 13" in state["record"]["messages"][-1]["content"]
+            state = client.post("/api/step", json={"action": call("multiply", a=12, b=13)}).json()
+            assert state["record"]["messages"][-1]["content"] == "156"
+            state = client.post("/api/step", json={"action": "156"}).json()
+            assert state["record"]["terminated"] and state["record"]["total_reward"] == 1.0
+        else:
+            name = tools[0]
+            schema = state["record"]["tools"][0]["function"]["parameters"]
+            args = {key: "hello from play" for key in schema.get("required", [])}
+            state = client.post("/api/step", json={"action": call(name, **args)}).json()
+            assert "hello from play" in json.dumps(state["record"]["messages"][-1])
+        assert client.post("/api/save", json={}).status_code == 200
+    assert load([session.out]).columns["turns"] == [len(state["record"]["rewards"])]

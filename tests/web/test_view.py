@@ -92,3 +92,27 @@ def test_view_html_from_the_command_line(rollout_file: Path, recorded_files: Pat
     assert index["notes"] and index["skipped"] == 1
     assert main(["view", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_view_serves_until_ctrl_c(rollout_file: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "openenv_gym.cli", "view", str(rollout_file)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        printed = ""
+        while "http://" not in printed:
+            line = process.stdout.readline()
+            assert line, printed
+            printed += line
+        assert "32 episodes from groups.jsonl" in printed
+        url = re.search(r"http://127\.0\.0\.1:\d+/\?token=[\w-]+", printed).group(0)
+        assert "<html" in httpx.get(url, follow_redirects=True, timeout=30).text
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=30)
+        assert process.returncode == 0 and out.strip().endswith("stopped")
+    finally:
+        process.kill()
+        process.wait()
