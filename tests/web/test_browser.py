@@ -235,9 +235,17 @@ class PlayCommand:
         self.prefix = self.url.split("?")[0]  # http://127.0.0.1:PORT/
 
     def stop(self) -> None:
+        """Ctrl-C, as a user stops it; killed, with what it started, if that did not do."""
+        left = procs.descendants(self.process.pid)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-        self.process.wait(30)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        for pid in procs.wait_dead(left, timeout=10):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_play_calculator_then_submit_gets_reward_1(watched: Watched, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -176,10 +177,36 @@ class Play:
         out, _ = self.process.communicate(timeout=timeout)
         return self.process.returncode, "".join(self.lines) + out
 
+    def kill(self) -> None:
+        """What a failed test left: the command and everything it started."""
+        left = self.descendants()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def play_command():
+    """Start ``openenv-gym play`` with ``play_command(*args, cwd=...)``; killed after the test if still there."""
+    started: list[Play] = []
+
+    def start(*args: str, cwd: Path) -> Play:
+        started.append(Play(*args, cwd=cwd))
+        return started[-1]
+
+    yield start
+    for play in started:
+        play.kill()
+
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_closes_the_env_and_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
-    play = Play("openenv/Arithmetic-v0", cwd=tmp_path)
+def test_ctrl_c_closes_the_env_and_leaves_no_process(play_command, tmp_path: Path, sig: signal.Signals) -> None:
+    play = play_command("openenv/Arithmetic-v0", cwd=tmp_path)
     servers = play.descendants()
     assert servers, "the Arithmetic env runs a local ORS server"
     assert httpx.get(play.url, timeout=30, follow_redirects=True).status_code == 200
@@ -189,8 +216,8 @@ def test_ctrl_c_closes_the_env_and_leaves_no_process(tmp_path: Path, sig: signal
     assert procs.wait_dead(servers) == []
 
 
-def test_closing_the_last_page_stops_the_server_and_the_env(tmp_path: Path) -> None:
-    play = Play("openenv/Arithmetic-v0", "--linger", "0.5", cwd=tmp_path)
+def test_closing_the_last_page_stops_the_server_and_the_env(play_command, tmp_path: Path) -> None:
+    play = play_command("openenv/Arithmetic-v0", "--linger", "0.5", cwd=tmp_path)
     servers = play.descendants()
 
     async def visit() -> None:
@@ -205,8 +232,8 @@ def test_closing_the_last_page_stops_the_server_and_the_env(tmp_path: Path) -> N
     assert procs.wait_dead(servers) == []
 
 
-def test_ctrl_c_mid_step_stops_promptly(tmp_path: Path) -> None:
-    play = Play("openenv/ORS-v0", *SLOW, "median=60", cwd=tmp_path)
+def test_ctrl_c_mid_step_stops_promptly(play_command, tmp_path: Path) -> None:
+    play = play_command("openenv/ORS-v0", *SLOW, "median=60", cwd=tmp_path)
     token = play.url.split("token=")[1]
 
     def step() -> None:

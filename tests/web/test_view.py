@@ -114,5 +114,6 @@ def test_view_serves_until_ctrl_c(rollout_file: Path, tmp_path: Path) -> None:
         out, _ = process.communicate(timeout=30)
         assert process.returncode == 0 and out.strip().endswith("stopped")
     finally:
-        process.kill()
-        process.wait()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
