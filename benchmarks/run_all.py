@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("wrappers", "wrappers_cost.py", ["--reps", "5"], ["--reps", "1"], [], 900),
     ("grouped", "grouped.py", ["--reps", "3"], ["--reps", "1"], [], 1200),
     ("isolation", "isolation.py", ["--reps", "3"], ["--reps", "1", "--seconds", "1"], ["ors", "openreward"], 1800),
+    ("view", "view_bench.py", ["--reps", "3"], ["--reps", "1", "--episodes", "10000", "--no-html"], ["playwright"], 1800),
     ("soak", "soak.py", ["--num-envs", "1024", "--minutes", "5"], ["--num-envs", "128", "--minutes", "0.5"], [], 1500),
 ]
 

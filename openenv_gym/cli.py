@@ -10,6 +10,8 @@
     openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K [--drop-equal]]
                         [--policy random|openai --base-url URL --model M] [--out traj.jsonl [--append|--overwrite]]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
+    openenv-gym view FILE... [--html OUT] [--port N]
+    openenv-gym play ID [--port N] [--out FILE] [KEY=VALUE ...]
 
 Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
 unknown id, a missing extra, an ``--out`` that cannot be written) print one clear line and exit
@@ -228,6 +230,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from openenv_gym.web.view import view_command
+
+    return view_command(args.files, html=args.html, port=args.port)
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    from openenv_gym.web.play import play_command
+
+    return play_command(args.id, args.kwargs, port=args.port, out=args.out, linger=args.linger)
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows ``(default: X)`` where there is a default to show (not for flags or an unset ``None``)."""
 
@@ -326,6 +340,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write the rows as JSON to this file")
     p.add_argument("--plot", default=None, help="write a PNG plot to this file (needs matplotlib)")
     p.set_defaults(fn=_cmd_bench)
+
+    p = command("view", "show rollout and RecordEpisodes files in a page (served on 127.0.0.1, or --html)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="JSONL episode files (rotated FILE.1 ... are read too)")
+    p.add_argument("--html", default=None, metavar="OUT", help="write one self-contained page to OUT instead of serving")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    p.set_defaults(fn=_cmd_view)
+
+    p = command("play", "play an env by hand in a page served on 127.0.0.1")
+    p.add_argument("id", help=env_help)
+    p.add_argument("kwargs", nargs="*", metavar="KEY=VALUE",
+                   help="env kwargs for gym.make; a VALUE that parses as JSON is that value, else a string")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    p.add_argument("--out", default="play.jsonl", help="where the page's Save button appends the episode's record")
+    p.add_argument("--linger", type=float, default=30.0,
+                   help="seconds the server waits for a page to come back after the last one closed, then stops")
+    p.set_defaults(fn=_cmd_play)
     return parser
 
 
@@ -333,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("list", "info", "rollout", "bench"):
+        if args.command in ("list", "info", "rollout", "bench", "play"):
             import openenv_gym  # noqa: F401  (registers the ids these commands look up)
         return args.fn(args)
     except OpenEnvGymError as exc:
