@@ -27,6 +27,7 @@ __all__ = [
     "BackendUnavailable",
     "BackendTimeout",
     "HostDied",
+    "CapacityReached",
     "ServerError",
     "ProvisioningError",
     "EpisodeNotStarted",
@@ -82,6 +83,10 @@ class BackendUnavailable(BackendError, ConnectionError):
 class HostDied(BackendUnavailable):
     """The process hosting an environment (an adapter host under another interpreter, a Ray
     actor) died or stopped answering; it is replaced, and the episodes it held are lost."""
+
+
+class CapacityReached(BackendUnavailable):
+    """Every session a pool or server may hold is in use (``max_sessions``); retry once one ends."""
 
 
 class BackendTimeout(BackendError, TimeoutError):

@@ -44,7 +44,7 @@ class _Part:
 
     def __init__(self, name: str, envs: AgentVectorEnv, offset: int):
         self.name, self.envs, self.offset, self.size = name, envs, offset, envs.num_envs
-        self.backend: VectorBackend = envs._backend
+        self.backend: VectorBackend = envs.backend
 
 
 class _Parts:
@@ -98,6 +98,10 @@ class _Parts:
         for part in self.parts:
             values.extend(await part.backend.call(name, args, kwargs))
         return values
+
+    async def call_one(self, env_id: int, name: str, args: tuple, kwargs: dict) -> Any:
+        part = self._owner[env_id]
+        return await part.backend.call_one(env_id - part.offset, name, args, kwargs)
 
     async def set_attr(self, name: str, values: Sequence[Any]) -> None:
         for part in self.parts:

@@ -213,8 +213,8 @@ class ProcessHandle(EncodedHandle):
     def cancel(self, requests: list[tuple[int, int]]) -> None:
         self.process.notify(Kind.CANCEL, _msgpack.encode(requests))
 
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        return pickle.loads(await self.process.request(Kind.CALL, pickle.dumps((name, args, kwargs))))
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
+        return pickle.loads(await self.process.request(Kind.CALL, pickle.dumps((name, args, kwargs, env_ids))))
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         await self.process.request(Kind.SET_ATTR, pickle.dumps((name, values)))

@@ -73,9 +73,9 @@ class ShardProxy:
         if self._host is not None:
             self._host.notify(Kind.CANCEL, _msgpack.encode(requests))
 
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
         host = await self._ensure()
-        return pickle.loads(await host.request(Kind.CALL, pickle.dumps((name, args, kwargs))))
+        return pickle.loads(await host.request(Kind.CALL, pickle.dumps((name, args, kwargs, env_ids))))
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         await (await self._ensure()).request(Kind.SET_ATTR, pickle.dumps((name, values)))

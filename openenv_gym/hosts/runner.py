@@ -129,7 +129,7 @@ class HostRunner(Runner):
 
     # -- the task API ------------------------------------------------------------------------------
     def task_api(self, name: str, args: tuple, timeout: float | None) -> Any:
-        reply, _ = self._request(Kind.CALL, pickle.dumps((name, args, {})), timeout, f"{name}()")
+        reply, _ = self._request(Kind.CALL, pickle.dumps((name, args, {}, None)), timeout, f"{name}()")
         return pickle.loads(reply)[0]
 
     # -- episodes ----------------------------------------------------------------------------------

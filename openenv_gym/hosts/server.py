@@ -120,8 +120,8 @@ class _Server:
         return b""
 
     async def call(self, host: Shard, frame: Frame) -> bytes:
-        name, args, kwargs = pickle.loads(frame.body)
-        return pickle.dumps(await host.call(name, args, kwargs))
+        name, args, kwargs, env_ids = pickle.loads(frame.body)
+        return pickle.dumps(await host.call(name, args, kwargs, env_ids))
 
     async def set_attr(self, host: Shard, frame: Frame) -> bytes:
         name, values = pickle.loads(frame.body)

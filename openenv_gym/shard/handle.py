@@ -80,8 +80,8 @@ class Handle(abc.ABC):
         """Ask the shard to cancel these ``(env_id, req_id)`` ops; not awaited."""
 
     @abc.abstractmethod
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        """Call or read ``name`` on each of the shard's sessions."""
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
+        """Call or read ``name`` on each of the shard's sessions (of ``env_ids``, default all)."""
 
     @abc.abstractmethod
     async def set_attr(self, name: str, values: list[Any]) -> None:
@@ -118,8 +118,8 @@ class LocalHandle(Handle):
     def cancel(self, requests: list[tuple[int, int]]) -> None:
         asyncio.get_running_loop().create_task(self.shard.cancel(requests))
 
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        return await self.shard.call(name, args, kwargs)
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
+        return await self.shard.call(name, args, kwargs, env_ids)
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         await self.shard.set_attr(name, values)

@@ -41,6 +41,8 @@ class OpKind(enum.IntEnum):
     STEP = 1
     STEP_RESET = 2
     """Step, and if that ends the episode, reset in the same request (SAME_STEP autoreset)."""
+    END = 3
+    """End the running episode (its backend session is released); the sub-env waits for a reset."""
 
 
 class Op(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -114,6 +116,9 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
         def step(action: Any) -> Any:
             return runner.run(env.step, action)
     try:
+        if op.kind is OpKind.END:
+            await within(session.aclose(), timeout, "ending the sub-env's episode")
+            return Result(op.env_id, op.req_id, [])
         if op.kind is OpKind.RESET:
             obs, info = await within(reset(op.seed, op.options), timeout, "the sub-env's reset")
             if op.note:

@@ -239,10 +239,11 @@ class Shard:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- attributes ------------------------------------------------------------------------------
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        """Call (or read) ``name`` on each session, in the order of this shard's env ids."""
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
+        """Call (or read) ``name`` on each session (of ``env_ids``, default all), in that order."""
         await self._ensure_started()
-        return await call_each((self._sessions[i] for i in self._ids), name, args, kwargs)
+        return await call_each((self._sessions[i] for i in (self._ids if env_ids is None else env_ids)),
+                               name, args, kwargs)
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         """Set ``name`` on each session (``values`` in the order of this shard's env ids)."""

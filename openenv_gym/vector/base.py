@@ -90,6 +90,9 @@ class VectorBackend(Protocol):
     async def cancel(self, env_ids: Iterable[int]) -> None:
         """Stop waiting for these sub-envs' ops (their results would be dropped)."""
 
+    async def call_one(self, env_id: int, name: str, args: tuple, kwargs: dict) -> Any:
+        """Call (or read) ``name`` on one sub-env's session."""
+
     async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         """Call (or read) ``name`` on every sub-env's session; one value per sub-env."""
 
@@ -273,6 +276,11 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         sub.slot = None
         result.info["group"] = groups.group(result.env_id)
         result.info["group_episode"] = groups.current[result.env_id]
+
+    @property
+    def backend(self) -> VectorBackend:
+        """What runs the sub-envs (a mixture or a session pool drives it directly)."""
+        return self._backend
 
     @property
     def group_size(self) -> int | None:

@@ -172,8 +172,8 @@ class RayHandle(EncodedHandle):
         ref = self.actor.cancel.remote(requests)
         asyncio.get_running_loop().create_task(_settle(ref))
 
-    async def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
-        return await self._await(self.actor.call.remote(name, args, kwargs))
+    async def call(self, name: str, args: tuple, kwargs: dict, env_ids: list[int] | None = None) -> list[Any]:
+        return await self._await(self.actor.call.remote(name, args, kwargs, env_ids))
 
     async def set_attr(self, name: str, values: list[Any]) -> None:
         await self._await(self.actor.set_attr.remote(name, values))

@@ -337,6 +337,11 @@ class Shards:
                 values[i] = value
         return values
 
+    async def call_one(self, env_id: int, name: str, args: tuple, kwargs: dict) -> Any:
+        """Call (or read) ``name`` on one sub-env's session."""
+        (value,) = await self._gather([self.handles[self._where[env_id]].call(name, args, kwargs, [env_id])])
+        return value[0]
+
     async def set_attr(self, name: str, values: Sequence[Any]) -> None:
         """Set ``name`` on every sub-env's session (``values`` in id order)."""
         await self._gather([h.set_attr(name, [values[i] for i in ids]) for h, ids in zip(self.handles, self.layout)])
