@@ -197,7 +197,7 @@ def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handle
 
 
 def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypatch, runner):
-    monkeypatch.setattr(runtime, "_CANCEL_GRACE", 0.5)
+    monkeypatch.setattr("openenv_gym.runtime.caller_loop.CANCEL_GRACE", 0.5)
 
     async def deaf() -> None:
         while True:
@@ -378,13 +378,3 @@ def test_caller_loop_a_timer_due_between_calls_fires_before_the_next_call_goes_o
     runner.run(arm(), 5)
     time.sleep(0.1)
     assert runner.run(look(), 5) is True
-
-
-def test_a_loop_without_run_once_is_driven_the_ordinary_way():
-    uvloop = pytest.importorskip("uvloop")  # installed with the ors extra; its loop is C code
-    loop = uvloop.new_event_loop()
-    try:
-        task = loop.create_task(asyncio.sleep(0.01, "done"))
-        assert not hasattr(loop, "_run_once") and runtime._drive(loop, task) == "done"
-    finally:
-        loop.close()

@@ -1,0 +1,212 @@
+"""CallerLoop: a single in-process env's own event loop, driven by the caller's thread per call.
+
+For backends whose work all happens inside the calls (a legacy Verifiers env): they skip the hop
+to the runtime loop's thread (:mod:`openenv_gym.runtime.loop`) and back, two thread wake-ups a
+call, by running on a loop the caller's own thread drives while the call lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import signal
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from openenv_gym.errors import RuntimeClosed
+from openenv_gym.runtime.loop import CANCEL_GRACE, RUNTIME, WAIT_SLICE, quiet_about_pending_tasks, timed_out
+
+__all__ = ["CallerLoop"]
+
+T = TypeVar("T")
+_MAIN_THREAD = threading.main_thread().ident
+
+
+class CallerLoop:
+    """An event loop of one env's own, run on the caller's thread for the length of each call.
+
+    ``run_sync`` costs two thread wake-ups per call (the runtime loop's, then the caller's):
+    tens of microseconds, a fifth of a step of an in-process backend such as a Verifiers
+    environment (benchmarks/verifiers_v0_bench.py). A backend whose work all happens inside the
+    calls (no connection pool, server or background task that must go on between them, see
+    :attr:`~openenv_gym.adapters.base.Adapter.caller_thread`) can instead run on a loop of its own
+    that the caller's thread drives only while a call lasts (``loop.run_until_complete``): no
+    hop, no wake-up.
+
+    :meth:`run` keeps ``run_sync``'s contract: the timeout cancels the coroutine and raises
+    :class:`BackendTimeout` naming the limit; Ctrl-C cancels it, lets the cancellation run through
+    it (up to a few seconds), then raises ``KeyboardInterrupt``; the exit budget bounds every call
+    made while the exit hook runs. A call from inside a running event loop is refused: that
+    thread's loop would have to stop for this one to run (use a worker thread, as
+    ``AgentEnv.areset``/``astep`` do).
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        # A default executor of our own, so closing can leave a hung worker behind (and uvloop
+        # does not expose its own).
+        self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="openenv-gym-env")
+        self._loop.set_default_executor(self._executor)
+        self._running = threading.Lock()  # held by the thread driving the loop
+        self._task: asyncio.Task[Any] | None = None
+        self._deadline: float | None = None  # loop time by which the running call must end
+        self._why: str | None = None  # what cut the running call short: "timeout" or "interrupt"
+        self._grace: asyncio.TimerHandle | None = None
+        self._close_when_free: Coroutine[Any, Any, Any] | None = None
+        # One timer for the loop's whole life (a call costs no timer of its own): it looks at the
+        # running call's deadline every WAIT_SLICE seconds, and wakes the selector so a SIGINT
+        # delivered to another thread is seen. Between calls it waits in the loop's heap.
+        self._watch = self._loop.call_later(WAIT_SLICE, self._on_watch)
+
+    @property
+    def closed(self) -> bool:
+        return self._loop.is_closed()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop itself (to inspect its tasks; it runs only inside :meth:`run`)."""
+        return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *, what: str | None = None,
+            limit: str = "step_timeout") -> T:
+        """Run ``coro`` to completion on this loop, on the calling thread (see the class docstring)."""
+        if self._loop.is_closed():
+            coro.close()
+            raise RuntimeClosed("this environment's event loop is closed")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # no loop runs on this thread: this one may
+        else:
+            coro.close()
+            raise RuntimeError("a blocking call of an env made inside a running event loop; await its "
+                               "async method (areset/astep) instead")
+        if not self._running.acquire(blocking=False):
+            coro.close()
+            raise RuntimeError("this environment's loop is already running in another thread")
+        try:
+            return self._run(coro, RUNTIME.bounded(timeout), timeout, what, limit)
+        finally:
+            self._task = self._deadline = self._why = None
+            if self._grace is not None:
+                self._grace.cancel()
+                self._grace = None
+            self._running.release()
+            closing, self._close_when_free = self._close_when_free, None
+            if closing is not None:  # close() gave up waiting for this call: close here
+                self.close(closing, CANCEL_GRACE)
+
+    def _run(self, coro: Coroutine[Any, Any, T], budget: float | None, timeout: float | None,
+             what: str | None, limit: str) -> T:
+        loop = self._loop
+        task = self._task = loop.create_task(coro)
+        if budget is not None:
+            self._deadline = loop.time() + budget
+        # Ctrl-C cancels the call rather than raising inside whatever code it lands in (the
+        # backend's own tasks included), as asyncio.Runner does.
+        restore: Any = None
+        if threading.get_ident() == _MAIN_THREAD and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            restore = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if self._why is None:  # cancelled by close() from another thread
+                raise RuntimeClosed("the environment was closed while this call ran") from None
+        except RuntimeError:
+            if task.done() or self._why is None:  # not "loop stopped": the coroutine's own error
+                raise
+        except BaseException:  # an exception raised by a handler of the user's, or a second Ctrl-C
+            if self._why is None and not task.done():
+                self._cut("interrupt")
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+            raise
+        finally:
+            if restore is not None:
+                signal.signal(signal.SIGINT, restore)
+        why = self._why
+        if why == "interrupt":
+            raise KeyboardInterrupt
+        if why is not None and (not task.done() or task.cancelled()):
+            raise timed_out(budget, timeout, what, limit)
+        return task.result()
+
+    def _cut(self, reason: str) -> None:
+        """Cancel the running call; a call deaf to its cancel is left after the cancel grace."""
+        task = self._task
+        if self._why is None and task is not None and not task.done():
+            self._why = reason
+            task.cancel()
+            self._grace = self._loop.call_later(CANCEL_GRACE, self._loop.stop)
+
+    def _on_watch(self) -> None:
+        loop = self._loop
+        self._watch = loop.call_later(WAIT_SLICE, self._on_watch)
+        if self._deadline is not None and loop.time() >= self._deadline:
+            self._cut("timeout")
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._why is not None:  # a second Ctrl-C: stop waiting for the cancellation
+            raise KeyboardInterrupt
+        self._cut("interrupt")
+        self._loop.call_soon_threadsafe(_nothing)  # wakes the selector
+
+    def close(self, coro: Coroutine[Any, Any, Any], timeout: float) -> None:
+        """Run the closing coroutine ``coro`` (bounded by ``timeout``), then close the loop.
+
+        From another thread while a call runs: that call is cancelled and given the cancel grace to
+        end; if it does not, the thread running it closes the loop (``coro`` first) when it returns.
+        """
+        if self._loop.is_closed():
+            coro.close()
+            return
+        if not self._running.acquire(blocking=False):
+            task, loop = self._task, self._loop
+            if task is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(task.cancel)
+            if not self._running.acquire(timeout=RUNTIME.bounded(CANCEL_GRACE) or 0.0):
+                self._close_when_free = coro
+                return
+        self._running.release()
+        try:
+            with contextlib.suppress(RuntimeClosed):
+                self.run(coro, timeout, what="close", limit="the close limit")
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Cancel what is left on the loop, give it a moment, and close the loop."""
+        loop = self._loop
+        if loop.is_closed() or not self._running.acquire(blocking=False):
+            return
+        try:
+            self._watch.cancel()
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in tasks:
+                task.cancel()
+            # A task deaf to its cancel is collected with the loop, silently.
+            loop.set_exception_handler(quiet_about_pending_tasks)
+            with contextlib.suppress(BaseException):
+                if tasks:
+                    loop.run_until_complete(asyncio.wait(tasks, timeout=RUNTIME.bounded(CANCEL_GRACE)))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            # A worker thread that hangs must not hold the caller.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+        finally:
+            self._running.release()
+
+    def close_later(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """:meth:`close` without waiting, from any thread (for ``__del__``): a worker thread of the
+        runtime loop drives this loop through ``coro``, so the exit hook still bounds it."""
+        async def elsewhere() -> None:
+            await asyncio.to_thread(self.close, coro, CANCEL_GRACE)
+
+        RUNTIME.close_later(elsewhere())
+
+
+def _nothing() -> None:
+    """Wakes a loop's selector (scheduled from a signal handler)."""
