@@ -19,7 +19,7 @@ from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.wire import Opening, Outcome, Split, TaskRef, ToolSpec
 from openenv_gym.wrappers import ContextManagement
 
-__version__ = "0.1.0"
+from openenv_gym.version import __version__
 
 __all__ = [
     "AgentEnv",

@@ -25,6 +25,7 @@ once when the env is made; the env never branches on it.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any, SupportsFloat
@@ -34,7 +35,7 @@ import msgspec
 
 from openenv_gym import runtime
 from openenv_gym.adapters.base import Adapter
-from openenv_gym.errors import ConcurrentUse, ConfigurationError
+from openenv_gym.errors import ConcurrentUse, ConfigurationError, inherited
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.runners import Runner, SessionRunner
 from openenv_gym.session import START_TIMEOUT, STEP_TIMEOUT, EnvSession
@@ -91,6 +92,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
                 raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
         if (adapter is None) == (runner is None):
             raise ConfigurationError("AgentEnv needs an adapter, or a runner (python=, isolate=True)")
+        self._owner = os.getpid()  # a forked child must never touch this env's sessions
         self.adapter = adapter
         self.render_mode = render_mode
         self.step_timeout = step_timeout
@@ -261,11 +263,14 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             return
         self._closed = True
         runtime.untrack(self)
-        self.runner.close(_CLOSE_TIMEOUT)
+        if os.getpid() == self._owner:  # a forked child's copy releases nothing of the parent's
+            self.runner.close(_CLOSE_TIMEOUT)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigurationError("the environment is closed")
+        if os.getpid() != self._owner:
+            raise inherited("env", self._owner)
 
     def __del__(self) -> None:
         # A server process must not outlive every env that used it, even when close() is
@@ -273,4 +278,5 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         if not getattr(self, "_closed", True):
             self._closed = True
             runtime.untrack(self)
-            self.runner.close_later()
+            if os.getpid() == self._owner:
+                self.runner.close_later()

@@ -35,6 +35,7 @@ __all__ = [
     "InvalidAction",
     "EpisodeInterrupted",
     "ConcurrentUse",
+    "InheritedEnv",
     "RuntimeClosed",
     "from_wire",
 ]
@@ -124,6 +125,20 @@ class EpisodeInterrupted(OpenEnvGymError, ResetNeeded):
 
 class ConcurrentUse(ConfigurationError, RuntimeError):
     """Two calls ran on one env at once (say from two threads); an env serves one caller at a time."""
+
+
+class InheritedEnv(ConfigurationError, RuntimeError):
+    """An env (or vector env, or pool) used in a process forked from the one that made it: its
+    sessions, servers and connections belong to the parent, so the child may only drop it (its
+    ``close()`` then releases nothing); make a new env in the child."""
+
+
+def inherited(what: str, owner: int) -> InheritedEnv:
+    """The error for using ``what`` in a process other than ``owner``, its maker."""
+    import os
+
+    return InheritedEnv(f"this {what} was made in process {owner}, and this is process {os.getpid()} (a forked "
+                        f"child): its sessions and servers belong to the parent; make a new {what} here")
 
 
 class RuntimeClosed(OpenEnvGymError, RuntimeError):

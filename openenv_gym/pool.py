@@ -17,12 +17,13 @@ its next reset, as a vector env's sub-env is.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import gymnasium as gym
 
 from openenv_gym import runtime
-from openenv_gym.errors import CapacityReached, ConcurrentUse, ConfigurationError, from_wire
+from openenv_gym.errors import CapacityReached, ConcurrentUse, ConfigurationError, from_wire, inherited
 from openenv_gym.shard.ops import Op, OpKind, Result
 from openenv_gym.vector.base import AgentVectorEnv
 from openenv_gym.wire import Message, Split, ToolSpec
@@ -43,6 +44,7 @@ class SessionPool:
 
     def __init__(self, envs: AgentVectorEnv):
         self._envs = envs
+        self._owner = os.getpid()
         self._backend = envs.backend
         self._backend.deliver = self._deliver
         runtime.untrack(envs)  # the pool closes it
@@ -129,6 +131,8 @@ class SessionPool:
     def _check_open(self) -> None:
         if self.closed:
             raise ConfigurationError("the session pool is closed")
+        if os.getpid() != self._owner:
+            raise inherited("session pool", self._owner)
 
     def close(self) -> None:
         """End every session and release the backend (servers, processes, actors). Idempotent."""
@@ -136,6 +140,8 @@ class SessionPool:
             return
         self.closed = True
         runtime.untrack(self)
+        if os.getpid() != self._owner:  # a forked child's copy releases nothing of the parent's
+            return
         try:
             runtime.run_sync(self._aclose(), _CLOSE_TIMEOUT)
         finally:
@@ -153,7 +159,8 @@ class SessionPool:
         if not getattr(self, "closed", True):
             self.closed = True
             runtime.untrack(self)
-            runtime.close_later(self._backend.aclose())
+            if os.getpid() == self._owner:
+                runtime.close_later(self._backend.aclose())
 
 
 class Slot:

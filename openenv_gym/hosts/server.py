@@ -98,7 +98,7 @@ class _Server:
             raise RuntimeError(f"the driver speaks another host protocol ({protocol}) than this host ({PROTOCOL}); "
                                "the interpreter has another version of openenv_gym installed")
         self.host = Shard(config)
-        from openenv_gym import __version__
+        from openenv_gym.version import __version__
 
         return _msgpack.encode({"protocol": PROTOCOL, "version": __version__, "python": sys.version})
 

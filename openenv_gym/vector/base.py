@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import copy
 import enum
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -35,7 +36,7 @@ from gymnasium.vector.utils import batch_space
 from openenv_gym import runtime
 from openenv_gym.actions import check_action_type
 from openenv_gym.errors import (
-    BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeFinished, EpisodeNotStarted,
+    BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeFinished, EpisodeNotStarted, inherited,
 )
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.shard.ops import Op, OpKind, Result
@@ -211,6 +212,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
     ):
         num_envs = check_num_envs(num_envs)
         self.num_envs = num_envs
+        self._owner = os.getpid()  # a forked child must never touch this env's sessions
         self._backend = backend
         backend.deliver = self._deliver
         self.autoreset_mode = AutoresetMode(autoreset_mode)
@@ -673,6 +675,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         (adapters bound their own teardown much tighter).
         """
         runtime.untrack(self)
+        if os.getpid() != self._owner:  # a forked child's copy releases nothing of the parent's
+            return
         try:
             runtime.run_sync(self._shutdown(), _CLOSE_TIMEOUT)
         finally:
@@ -690,6 +694,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
     def _check_open(self) -> None:
         if self.closed:
             raise ConfigurationError("the vector env is closed")
+        if os.getpid() != self._owner:
+            raise inherited("vector env", self._owner)
 
     def __del__(self) -> None:
         # Never block here: this may run in any thread, or during finalisation (when the exit
@@ -697,7 +703,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         if not getattr(self, "closed", True):
             self.closed = True
             runtime.untrack(self)
-            runtime.close_later(self._shutdown())
+            if os.getpid() == self._owner:
+                runtime.close_later(self._shutdown())
 
 
 def _check_mask(mask: Any, n: int) -> None:
