@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 
-__all__ = ["proc_state", "is_stopped", "process_start_time", "die_with_parent", "tune_gc", "GC_THRESHOLDS"]
+__all__ = ["proc_state", "is_stopped", "process_start_time", "die_with_parent", "tune_gc", "GC_THRESHOLDS",
+           "ensure_open_files", "open_files_limit"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -54,6 +55,36 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
+
+
+def open_files_limit() -> tuple[int, int]:
+    """This process's ``(soft, hard)`` limit on open files (``ulimit -n``; -1 for none)."""
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def ensure_open_files(needed: int, what: str) -> None:
+    """Make sure this process may open ``needed`` files, raising its soft limit where the hard
+    one allows (the processes it starts inherit the new limit); ``OSError`` naming the limit when
+    the hard one is too low. ``what`` says who needs them, for that message.
+
+    Sub-envs hold sockets (a connection each, more for servers and hosts): with the common soft
+    limit of 1,024 or less, a large vector env otherwise fails part of its sub-envs with errors
+    that never mention descriptors.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < needed:
+        raise OSError(24, f"{what} need about {needed} open files, and this process may open at most {hard} "
+                          "(its hard limit, `ulimit -Hn`): raise that limit, or spread the sub-envs over "
+                          "processes (python=, or backend='ray')")
 
 
 GC_THRESHOLDS = (50_000, 20, 100)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,7 @@ import msgspec
 
 from openenv_gym.actions import Turn
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.processes import open_files_limit
 from openenv_gym.runtime import Deadlines
 from openenv_gym.runtime import within as _within
 from openenv_gym.session import EnvSession
@@ -81,11 +83,27 @@ class Result(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 def error_dict(exc: BaseException, message: str | None = None) -> dict[str, Any]:
-    """``exc`` as a result's ``error`` entry: its type name and message (``message`` overrides)."""
+    """``exc`` as a result's ``error`` entry: its type name and message (``message`` overrides).
+
+    A failure caused by the process running out of file descriptors says so (the transport's own
+    message names only the connection that failed)."""
     error: dict[str, Any] = {"type": type(exc).__name__, "message": message or str(exc)}
+    if _out_of_files(exc):
+        soft, _ = open_files_limit()
+        error["message"] += (f" [the process ran out of file descriptors (too many open files; its limit is "
+                             f"{soft}): raise it with `ulimit -n`, or spread the sub-envs over processes]")
     if isinstance(exc, ConfigurationError):
         error["user"] = True  # the caller's mistake (a bad split or option): reset() raises it
     return error
+
+
+def _out_of_files(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def failed(op: Op, error: dict[str, Any]) -> Result:

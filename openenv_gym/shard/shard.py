@@ -33,6 +33,8 @@ from typing import Any
 import msgspec
 
 from openenv_gym.adapters.base import Adapter, AdapterSpec
+from openenv_gym.errors import ConfigurationError
+from openenv_gym.processes import ensure_open_files
 from openenv_gym.runtime import Deadlines
 from openenv_gym.session import EnvSession
 from openenv_gym.shard.ops import (
@@ -41,7 +43,13 @@ from openenv_gym.shard.ops import (
 from openenv_gym.shard.wrapped import SubEnvWrappers
 from openenv_gym.wire import ToolSpec
 
-__all__ = ["Shard", "ShardConfig", "encode_tools", "decode_tools"]
+__all__ = ["Shard", "ShardConfig", "encode_tools", "decode_tools", "FILES_PER_SESSION", "FILES_BASE"]
+
+FILES_PER_SESSION = 2
+"""Open files a shard counts per session when it checks its process's limit (a connection, and
+room for a server's or a tool's own)."""
+FILES_BASE = 128
+"""Open files a shard counts for everything else (servers' logs, pipes, the interpreter's own)."""
 
 _tools_encoder = msgspec.msgpack.Encoder()
 _tools_decoder = msgspec.msgpack.Decoder(list[ToolSpec])
@@ -130,6 +138,10 @@ class Shard:
         await asyncio.shield(task)
 
     async def _start(self) -> None:
+        try:
+            ensure_open_files(FILES_PER_SESSION * len(self._ids) + FILES_BASE, f"{len(self._ids)} sub-envs")
+        except OSError as exc:
+            raise ConfigurationError(str(exc.strerror)) from None
         adapters = [self._spec.build() for _ in range(self._num_adapters)]
         # Start one first: a local source launches its server once, and the rest share it.
         try:

@@ -1,0 +1,75 @@
+"""File descriptors: a vector env checks its process's open-files limit before it starts, raises
+the soft limit where the hard one allows, and a sub-env that failed for want of descriptors says
+so and recovers once descriptors are free again.
+
+Each case runs in a subprocess whose limits the test sets (``resource.setrlimit``), never this one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_a_low_soft_limit_is_raised_so_every_sub_env_works():
+    out = run("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        import gymnasium as gym, openenv_gym
+        envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=1024)
+        obs, infos = envs.reset(seed=0)
+        print("errors", int(infos["_error"].sum()) if "error" in infos else 0)
+        print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 2 * 1024)
+        envs.close()
+    """)
+    assert "errors 0" in out and "soft True" in out
+
+
+def test_a_hard_limit_too_low_is_a_clear_error_before_anything_starts():
+    out = run("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 300))
+        import gymnasium as gym, openenv_gym
+        from openenv_gym.testing import procs
+        try:
+            gym.make_vec("openenv/Arithmetic-v0", num_envs=1024)
+        except ValueError as exc:
+            print(type(exc).__name__, exc)
+        print("left", procs.descendants())
+    """)
+    assert "ConfigurationError 1024 sub-envs need about" in out and "ulimit -Hn" in out
+    assert "left []" in out
+
+
+def test_sub_envs_that_ran_out_of_descriptors_say_so_and_recover():
+    out = run("""
+        import json, resource
+        import gymnasium as gym, openenv_gym
+        envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=32, vector_options={"envs_per_client": 1})
+        hog = []
+        try:  # take every descriptor left
+            while True:
+                hog.append(open("/dev/null"))
+        except OSError:
+            pass
+        obs, infos = envs.reset(seed=1)  # the sub-envs' first connections: no descriptor left for them
+        failed = int(infos["_error"].sum()) if "error" in infos else 0
+        messages = set(infos["error"]["message"][infos["_error"]]) if failed else set()
+        for f in hog:
+            f.close()
+        obs, infos = envs.reset(seed=2)
+        print("failed", failed > 0)
+        print("says", all("file descriptors" in m for m in messages))
+        print("recovered", "error" not in infos)
+        envs.close()
+    """)
+    assert "failed True" in out and "says True" in out and "recovered True" in out
