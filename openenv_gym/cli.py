@@ -42,7 +42,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd comm
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from openenv_gym.importers import import_source
+    from openenv_gym.importing import import_source
     from openenv_gym.isolation.snapshot import including
     from openenv_gym.registration import env_id
 
@@ -62,7 +62,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
-    from openenv_gym.isolation.install import install
+    from openenv_gym.install import install
     from openenv_gym.registration import env_id
 
     entry = install(args.source, args.name, yes=args.yes, kind=args.kind, env_class=args.env_class,
@@ -89,15 +89,15 @@ def _print_isolation(entry: Any) -> None:
 
 def _where(kwargs: dict[str, Any]) -> str:
     """What ``list`` says an id plays: its source, server or task set, else what it needs."""
-    from openenv_gym.registration import NEEDS
+    from openenv_gym.registration import needs
 
     for key in ("source", "url", "tasks", "env_id", "env_key"):
         value = kwargs.get(key)
         if isinstance(value, str) and value:
             return value if key in ("source", "url", "tasks") else f"{key}={value}"
-    needs = NEEDS.get(kwargs.get("adapter", ""))
-    if needs:
-        return f"(gym.make needs {needs})"
+    what = needs(kwargs.get("adapter", ""))
+    if what:
+        return f"(gym.make needs {what})"
     return "(see `openenv-gym info ID` for its kwargs)"
 
 
@@ -252,9 +252,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _kinds() -> str:
-    from openenv_gym.importers import DETECTORS  # the one place the importable kinds are listed
+    from openenv_gym import backends  # the one place the importable kinds are listed
 
-    return ", ".join(DETECTORS)
+    return ", ".join(b.kind for b in backends.backends() if b.detect is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,12 @@
-"""Facts and settings of processes: is a pid stopped, when did it start, die with the parent,
+"""Facts and settings of processes, read from ``/proc`` (Linux): who is alive, whose children, is
+a pid stopped, when did it start, how much memory; die with the parent; the open-files limit;
 collect garbage less often.
 
 The one copy of what every process the package starts needs (local servers, host processes, test
-servers). It imports nothing but the standard library, so a server script that runs without
-openenv_gym on its path loads this file by its path.
+servers), and what tests and benchmarks check to see that nothing outlives an env. A zombie counts
+as dead: it has exited and only waits to be reaped. Elsewhere (no ``/proc``) every fact answers as
+if nothing were running. It imports nothing but the standard library, so a server script that
+runs without openenv_gym on its path loads this file by its path.
 """
 
 from __future__ import annotations
@@ -11,21 +14,22 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import time
+from collections.abc import Iterable
 
 __all__ = ["proc_state", "is_stopped", "process_start_time", "die_with_parent", "tune_gc", "GC_THRESHOLDS",
-           "ensure_open_files", "open_files_limit"]
+           "ensure_open_files", "open_files_limit", "alive", "parents", "children", "descendants", "cmdline",
+           "rss_kib", "wait_dead", "terminate"]
 
 _PR_SET_PDEATHSIG = 1
 
 
 def proc_state(pid: int) -> str:
     """The kernel's state letter of ``pid`` (``R``, ``S``, ``T``, ``Z``...), ``"?"`` where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
+    fields = _stat(pid)
+    return fields[0] if fields else "?"
 
 
 def is_stopped(pid: int) -> bool:
@@ -39,11 +43,8 @@ def process_start_time(pid: int) -> str:
 
     A pid plus its start time names one process even after the pid is reused.
     """
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "-"
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else "-"
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -109,3 +110,97 @@ def tune_gc() -> None:
 
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first, then the ppid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def parents() -> dict[int, int]:
+    """Every live (non-zombie) process and its parent: ``{pid: ppid}``."""
+    table: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if entry.isdigit():
+            fields = _stat(entry)
+            if fields is not None and fields[0] not in ("Z", "X"):
+                table[int(entry)] = int(fields[1])
+    return table
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of ``pid``, whichever of its threads started them."""
+    return [p for p, parent in parents().items() if parent == pid]
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Live descendants of ``pid`` (default: this process), children first."""
+    root = os.getpid() if pid is None else pid
+    by_parent: dict[int, list[int]] = {}
+    for p, parent in parents().items():
+        by_parent.setdefault(parent, []).append(p)
+    found: list[int] = []
+    todo = list(by_parent.get(root, []))
+    while todo:
+        p = todo.pop(0)
+        found.append(p)
+        todo += by_parent.get(p, [])
+    return found
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, arguments joined by spaces (``""`` if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def wait_dead(pids: Iterable[int], timeout: float = 20.0) -> list[int]:
+    """Wait up to ``timeout`` seconds for every pid to exit; the ones still alive (empty: all gone)."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def terminate(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM ``process`` (a server started for a test or benchmark), then SIGKILL it if it has
+    not exited within ``timeout`` seconds; returns once it is reaped."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import difflib
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.envs.registration import get_env_id
 
+from openenv_gym import backends
 from openenv_gym.adapters.base import AdapterSpec, accepted_kwargs, check_kwargs
 from openenv_gym.errors import CatalogError, ConfigurationError
 from openenv_gym.redact import RedactedEnvSpec, redact_kwargs
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from openenv_gym.vector import AgentVectorEnv
 
 __all__ = [
-    "NAMESPACE", "ADAPTERS", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS", "EXPECTED_SESSIONS",
+    "NAMESPACE", "ADAPTERS", "needs", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS", "EXPECTED_SESSIONS",
     "make_env", "make_vec", "register_all", "list_environments", "env_info", "env_id", "check_id",
 ]
 
@@ -63,21 +64,30 @@ _EXAMPLES = Path(__file__).parent / "examples"
 ENTRY_POINT = "openenv_gym.registration:make_env"
 VECTOR_ENTRY_POINT = "openenv_gym.registration:make_vec"
 
-ADAPTERS: dict[str, str] = {
-    "ors": "openenv_gym.adapters.ors:ORSAdapter",
-    "fleet": "openenv_gym.adapters.fleet:FleetAdapter",
-    "verifiers": "openenv_gym.adapters.verifiers:adapter_spec",
-    "openenv": "openenv_gym.adapters.openenv:OpenEnvAdapter",
-}
-"""Kind of a catalog entry -> the adapter that plays it (``"module:Class"`` or a front door)."""
+class _Adapters(Mapping[str, str]):
+    """Kind of a catalog entry -> the adapter that plays it (``"module:Class"`` or a front door),
+    read from the backends' descriptors (:mod:`openenv_gym.backends`) when asked."""
 
-NEEDS: dict[str, str] = {
-    ADAPTERS["ors"]: "url= (a running ORS server) or source= (a file or folder)",
-    ADAPTERS["fleet"]: "env_key=, task= or tasks= (a task file), and api_key= or $FLEET_API_KEY",
-    ADAPTERS["verifiers"]: "env_id= (an installed environment) or source= (a file or folder)",
-    ADAPTERS["openenv"]: "url= (a running OpenEnv server) or source= (an env folder or installed env package)",
-}
-"""What an id of each adapter needs from ``gym.make`` when its spec holds no source (for ``list``)."""
+    def __getitem__(self, kind: str) -> str:
+        backend = backends.get(kind)
+        if backend is None:
+            raise KeyError(kind)
+        return backend.adapter
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([b.kind for b in backends.backends()])
+
+    def __len__(self) -> int:
+        return len(backends.backends())
+
+
+ADAPTERS: Mapping[str, str] = _Adapters()
+
+
+def needs(adapter: str) -> str | None:
+    """What an id of ``adapter`` needs from ``gym.make`` when its spec holds no source (for ``list``)."""
+    return next((b.needs for b in backends.backends() if b.adapter == adapter), None)
+
 
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout", "start_timeout")
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
@@ -142,15 +152,6 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
     return spec, env_kwargs
 
 
-def _kind_of(entry: str) -> str | None:
-    """The catalog kind whose adapter ``entry`` is (the module family under ``adapters/``)."""
-    module = entry.partition(":")[0]
-    for kind, target in ADAPTERS.items():
-        if module == target.partition(":")[0] or module.startswith(target.partition(":")[0] + "_"):
-            return kind
-    return None
-
-
 def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> Interpreter | None:
     """The interpreter a host process runs the adapter under (``None``: in this process)."""
     from openenv_gym.hosts.interpreter import Interpreter
@@ -163,7 +164,7 @@ def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> 
         return None
     if isolate is not True and not isinstance(isolate, str):
         raise ConfigurationError("isolate= must be True or a Python version such as '3.12'")
-    kind = _kind_of(spec.entry)
+    kind = backends.kind_of_adapter(spec.entry)
     if kind is None:
         raise ConfigurationError(f"isolate=True does not know which SDK {spec.entry} needs; pass python= instead")
     source = spec.kwargs.get("source")
@@ -279,11 +280,11 @@ def _register(id: str, kwargs: dict[str, Any], *, entry_point: Any = ENTRY_POINT
 
 
 def register_builtins() -> None:
-    """Register ``openenv/ORS-v0``, ``openenv/Fleet-v0``, ``openenv/Verifiers-v0``, ``openenv/OpenEnv-v0`` and the examples."""
-    _register(env_id("ORS"), {"adapter": ADAPTERS["ors"]})
-    _register(env_id("Fleet"), {"adapter": ADAPTERS["fleet"]})
-    _register(env_id("Verifiers"), {"adapter": ADAPTERS["verifiers"]})
-    _register(env_id("OpenEnv"), {"adapter": ADAPTERS["openenv"]})
+    """Register each backend's built-in id (``openenv/ORS-v0``, ``openenv/Fleet-v0``,
+    ``openenv/Verifiers-v0``, ``openenv/OpenEnv-v0``...) and the bundled examples."""
+    for backend in backends.backends():
+        if backend.builtin:
+            _register(env_id(backend.builtin), {"adapter": backend.adapter})
     _register(env_id("Arithmetic"), {
         "adapter": ADAPTERS["ors"], "source": str(_EXAMPLES / "arithmetic.py"), "env_class": "Arithmetic",
         "max_turns": 8,
@@ -329,24 +330,11 @@ def register_catalog() -> list[str]:
 
 
 def _catalog_kwargs(entry: Any) -> dict[str, Any]:
-    """The ``gym.make`` kwargs that rebuild a catalog entry, per kind."""
-    if entry.kind == "fleet":
-        return {"tasks": entry.source}
-    if entry.kind == "verifiers":
-        return {"source": entry.source, "generation": entry.sdk}
-    if entry.kind == "openenv":
-        from openenv_gym.importers.openenv import MANIFEST, read_manifest
-
-        try:
-            manifest = read_manifest(Path(entry.source) / MANIFEST)
-        except (OSError, ValueError):  # a source moved or unreadable: making the env will say so
-            manifest = None
-        return {"source": entry.source, **({"manifest": manifest} if manifest else {})}
-    kwargs = {"source": entry.source}
-    for key in ("env_class", "env_name", "module_file"):
-        if getattr(entry, key, None):
-            kwargs[key] = getattr(entry, key)
-    return kwargs
+    """The ``gym.make`` kwargs that rebuild a catalog entry, as its kind's descriptor says."""
+    backend = backends.get(entry.kind)
+    if backend is None or backend.catalog_kwargs is None:
+        return {"source": entry.source}
+    return dict(backends.resolve(backend.catalog_kwargs)(entry))
 
 
 def _isolation_kwargs(entry: Any) -> dict[str, Any]:
@@ -381,34 +369,20 @@ def _register_discovered(what: str, discover: Callable[[], list[dict[str, Any]]]
     return ids
 
 
-def register_verifiers_packages() -> list[str]:
-    """Register installed Verifiers environment packages as ``openenv/<distribution>-v0``.
+def register_discovered() -> list[str]:
+    """Register the installed environment packages each backend discovers, as ``openenv/<name>-v0``.
 
-    Discovery reads installed metadata only (cached per set of installed distributions); the
-    environments are loaded when made. A failure only warns: it must not break the import.
+    Discovery reads installed metadata only (cached per set of installed distributions); a package
+    is loaded or served when made. A failure only warns: it must not break ``import openenv_gym``.
     """
-    from openenv_gym.importers.verifiers import discover_installed
-
-    return _register_discovered("Verifiers", discover_installed, lambda env: {
-        "adapter": ADAPTERS["verifiers"], "env_id": env["module"], "generation": env["generation"]})
-
-
-def register_openenv_packages() -> list[str]:
-    """Register installed OpenEnv environment packages as ``openenv/<name>-v0``.
-
-    Discovery reads distribution metadata and manifests only (cached per set of installed
-    distributions; see :mod:`openenv_gym.importers.openenv`); the package is served when made.
-    A failure only warns: it must not break the import.
-    """
-    from openenv_gym.importers.openenv import discover_installed
-
-    def kwargs_of(env: dict[str, Any]) -> dict[str, Any]:
-        kwargs = {"adapter": ADAPTERS["openenv"], "source": env["module"]}
-        if env.get("manifest"):
-            kwargs["manifest"] = dict(env["manifest"])
-        return kwargs
-
-    return _register_discovered("OpenEnv", discover_installed, kwargs_of)
+    ids = []
+    for backend in backends.backends():
+        if backend.discover is None or backend.discovered_kwargs is None:
+            continue
+        kwargs_of = backends.resolve(backend.discovered_kwargs)
+        ids += _register_discovered(backend.kind, backends.resolve(backend.discover),
+                                    lambda found, b=backend, k=kwargs_of: {"adapter": b.adapter, **k(found)})
+    return ids
 
 
 def register_entry_points() -> list[str]:
@@ -434,8 +408,7 @@ def register_entry_points() -> list[str]:
 def register_all() -> None:
     """Register built-ins, the catalog and entry points (called by ``import openenv_gym``)."""
     register_builtins()
-    register_verifiers_packages()
-    register_openenv_packages()
+    register_discovered()
     register_entry_points()
     register_catalog()
 

@@ -41,6 +41,9 @@ from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.mcp import MCPConnection, result_content, tool_spec
+from openenv_gym.importers.fleet import (
+    MODALITIES, SPLIT_TYPES, load_tasks, normalize_task, split_version, verifier_name,
+)
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -54,8 +57,6 @@ from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["FleetAdapter", "load_tasks", "normalize_task", "SUBMIT_TOOL"]
 
-MODALITIES = {"tool_use": (None, "mcp"), "computer_use": ("mcp", "api/v1/mcp")}
-"""modality -> (image_type sent to ``make``, MCP path under the instance root)."""
 
 SUBMIT_TOOL = ToolSpec(
     name="submit_final_answer",
@@ -64,81 +65,7 @@ SUBMIT_TOOL = ToolSpec(
                 "required": ["answer"], "additionalProperties": False},
 )
 
-_SPLIT_TYPES = {"train": "train", "test": "test", "validation": "validation", "val": "validation", "dev": "validation"}
 _ACCUMULATOR = r">>> {0} >>>\n(.+?)\n<<< {0} <<<"
-
-
-# -- tasks ---------------------------------------------------------------------------------------
-
-def _split_version(key: str | None, version: str | None) -> tuple[str | None, str | None]:
-    if key and ":" in key and version is None:
-        key, version = key.split(":", 1)
-    return key, version
-
-
-def normalize_task(raw: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    """A task in the shape this adapter uses, from Fleet's JSON or OpenEnv's task configs.
-
-    Accepts the spellings ``fleet.load_task_from_json`` accepts (``key|id|task_key``,
-    ``env_id|env_key``, ``verifier_func|verifier_code|verifier.code``, ...) plus ``split`` and
-    ``task_modality``. Nothing is executed.
-    """
-    if not isinstance(raw, dict):
-        raise ConfigurationError(f"task {index} is not a JSON object")
-    verifier = raw.get("verifier_func") or raw.get("verifier_code")
-    if verifier is None and isinstance(raw.get("verifier"), dict):
-        verifier = raw["verifier"].get("code")
-    env_key, version = _split_version(raw.get("env_id") or raw.get("env_key"),
-                                      raw.get("version") or raw.get("env_version") or None)
-    data_key, data_version = _split_version(raw.get("data_id") or raw.get("data_key") or None,
-                                            raw.get("data_version") or None)
-    modality = raw.get("task_modality") or raw.get("modality") or None
-    if modality is not None and modality not in MODALITIES:
-        raise ConfigurationError(f"task {index}: modality {modality!r} is not supported; use tool_use or computer_use")
-    return {
-        "key": str(raw.get("key") or raw.get("id") or raw.get("task_key") or f"task-{index}"),
-        "prompt": raw.get("prompt") or "",
-        "env_key": env_key,
-        "version": version,
-        "data_key": data_key,
-        "data_version": data_version,
-        "env_variables": dict(raw.get("env_variables") or {}),
-        "verifier_func": verifier,
-        "modality": modality,
-        "split": str(raw.get("split") or "train"),
-        "metadata": dict(raw.get("metadata") or {}),
-    }
-
-
-def load_tasks(source: str | os.PathLike | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tasks from a Fleet task file (a JSON list, or ``{"tasks": [...]}``) or a list of dicts."""
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigurationError(f"task file {str(path)!r} does not exist") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigurationError(f"task file {str(path)!r} is not readable JSON: {exc}") from None
-    else:
-        data = source
-    if isinstance(data, dict):
-        data = data.get("tasks", [data] if "prompt" in data else None)
-    if not isinstance(data, list):
-        raise ConfigurationError("a Fleet task file holds a JSON list of tasks (or {\"tasks\": [...]})")
-    return [normalize_task(t, i) for i, t in enumerate(data)]
-
-
-def _verifier_name(source: str) -> str:
-    """The verifier's function name, read with ``ast`` (never by running the code)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise ConfigurationError(f"the verifier code does not parse: {exc}") from None
-    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not names:
-        raise ConfigurationError("the verifier code defines no function")
-    return "verify" if "verify" in names else names[0]
 
 
 def partial_credit(stdout: str | None) -> tuple[list[Any], list[Any]] | None:
@@ -320,8 +247,8 @@ class FleetAdapter(Adapter):
         self.base_url = (base_url or os.environ.get("FLEET_BASE_URL") or None)
         if self.base_url:
             self.base_url = self.base_url.rstrip("/")  # the SDK concatenates paths onto it
-        env_key, version = _split_version(env_key, version)
-        data_key, data_version = _split_version(data_key, data_version)
+        env_key, version = split_version(env_key, version)
+        data_key, data_version = split_version(data_key, data_version)
         if tasks is not None and task is not None:
             raise ConfigurationError("pass tasks= or task=, not both")
         if tasks is not None:
@@ -390,7 +317,7 @@ class FleetAdapter(Adapter):
 
     async def _fetch_splits(self) -> list[Split]:
         names = list(dict.fromkeys(t["split"] for t in self._tasks))
-        return [Split(name=n, type=_SPLIT_TYPES.get(n, "validation")) for n in names]
+        return [Split(name=n, type=SPLIT_TYPES.get(n, "validation")) for n in names]
 
     async def _fetch_num_tasks(self, split: str) -> int:
         return sum(1 for t in self._tasks if t["split"] == split)
@@ -501,7 +428,7 @@ class FleetAdapter(Adapter):
             return cached[1]
         from fleet._async.verifiers.verifier import AsyncVerifierFunction
 
-        name = _verifier_name(task["verifier_func"])
+        name = verifier_name(task["verifier_func"])
 
         def placeholder(env: Any, *args: Any, **kwargs: Any) -> None:  # never called: runs remotely
             raise RuntimeError("remote-only verifier")

@@ -5,33 +5,34 @@ class to serve from it, and whether the SDK server would accept that class -- al
 statically, before anything is launched, so a bad source fails at ``openenv-gym import`` with an
 explanation instead of at ``gym.make`` with a server traceback.
 
-Each kind plugs in a detector in :data:`DETECTORS`: ``"ors"`` (a Python source of an ORS
-environment class), ``"fleet"`` (a JSON file of Fleet tasks) and ``"verifiers"`` (a legacy
-``load_environment`` module or a v1 Taskset package) and ``"openenv"`` (an OpenEnv environment
-folder: ``openenv.yaml``, ``server/app.py``). :func:`detect` dispatches and picks the
-class; :func:`import_source` also validates the name and records the result with
-:mod:`openenv_gym.importers.catalog`. A new kind adds its detector here (docs/architecture.md,
-"Adding a backend").
+Each kind's descriptor (:mod:`openenv_gym.backends`) names its detector: ``"ors"`` (a Python
+source of an ORS environment class: :func:`ors_source`), ``"fleet"`` (a JSON file of Fleet tasks:
+:func:`fleet_source`), ``"verifiers"`` (a legacy ``load_environment`` module or a v1 Taskset
+package: :func:`verifiers_source`) and ``"openenv"`` (an OpenEnv environment folder:
+``openenv.yaml``, ``server/app.py``: :func:`openenv_source`). :func:`detect` dispatches over
+:data:`DETECTORS` and picks the class; :func:`openenv_gym.importing.import_source` also validates the name and records the result
+with :mod:`openenv_gym.importers.catalog`. This package reads sources; it never builds or runs
+anything (isolated venvs are built by :mod:`openenv_gym.importing` on top of it).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
 
+from openenv_gym import backends
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
-from openenv_gym.importers.catalog import CatalogEntry, Isolation, add_entry, validate_name
-from openenv_gym.importers.fleet import detect_fleet_tasks, looks_like_fleet
-from openenv_gym.importers.openenv import detect_openenv, looks_like_openenv
-from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors, looks_like_ors
-from openenv_gym.importers.verifiers import detect_verifiers, looks_like_verifiers
+from openenv_gym.importers.fleet import detect_fleet_tasks
+from openenv_gym.importers.openenv import detect_openenv
+from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors
+from openenv_gym.importers.verifiers import detect_verifiers
 
-__all__ = ["Detected", "DETECTORS", "PRECEDENCE", "detect", "import_source"]
+__all__ = ["Detected", "DETECTORS", "precedence", "detect", "ors_source", "fleet_source", "verifiers_source",
+           "openenv_source"]
 
 class Detected(msgspec.Struct):
     """The one environment chosen from a source (``source`` is the resolved absolute path).
@@ -91,7 +92,8 @@ def _pick(envs: list[EnvClassInfo], env_class: str | None, where: Path) -> EnvCl
     return chosen[0]
 
 
-def _detect_ors(source: Path, env_class: str | None) -> Detected:
+def ors_source(source: Path, env_class: str | None) -> Detected:
+    """The ORS environment class ``source`` serves (DetectionError: none, or the server would refuse it)."""
     found = detect_ors(source)
     if not found.envs:
         skipped = ""
@@ -126,7 +128,8 @@ def _detect_ors(source: Path, env_class: str | None) -> Detected:
     )
 
 
-def _detect_fleet(source: Path, env_class: str | None) -> Detected:
+def fleet_source(source: Path, env_class: str | None) -> Detected:
+    """The Fleet task set ``source`` holds."""
     if env_class is not None:
         raise DetectionError("a Fleet task set has no environment classes; drop --env-class")
     tasks, _splits = detect_fleet_tasks(source)
@@ -134,7 +137,8 @@ def _detect_fleet(source: Path, env_class: str | None) -> Detected:
                     sdk="fleet-python", source=str(source))
 
 
-def _detect_verifiers(source: Path, env_class: str | None) -> Detected:
+def verifiers_source(source: Path, env_class: str | None) -> Detected:
+    """The Verifiers environment (either generation) ``source`` defines."""
     found = detect_verifiers(source)
     if env_class is not None and env_class != found.entry:
         raise DetectionError(f"{source} defines {found.entry}, not {env_class!r}")
@@ -142,7 +146,8 @@ def _detect_verifiers(source: Path, env_class: str | None) -> Detected:
                     module_file=Path(found.path).name, sdk=found.generation, source=found.path)
 
 
-def _detect_openenv(source: Path, env_class: str | None) -> Detected:
+def openenv_source(source: Path, env_class: str | None) -> Detected:
+    """The OpenEnv environment folder ``source`` is."""
     found = detect_openenv(source)
     if env_class is not None and env_class != found.app:
         raise DetectionError(f"{source} serves {found.app}, not {env_class!r}")
@@ -151,17 +156,34 @@ def _detect_openenv(source: Path, env_class: str | None) -> Detected:
                     sdk=str(found.manifest.get("version") or "openenv"), source=found.folder)
 
 
-DETECTORS: dict[str, KindDetector] = {
-    "ors": KindDetector(looks_like_ors, _detect_ors),
-    "fleet": KindDetector(looks_like_fleet, _detect_fleet),
-    "verifiers": KindDetector(looks_like_verifiers, _detect_verifiers),
-    "openenv": KindDetector(looks_like_openenv, _detect_openenv),
-}
+class _Detectors(Mapping[str, KindDetector]):
+    """Kind -> its detector, read from the backends' descriptors when asked (a backend registered
+    later, by a plugin or a test, is detected too)."""
 
-PRECEDENCE: tuple[str, ...] = ("openenv",)
-"""Kinds whose signal is a manifest saying what serves the folder: when one matches, matches of
-other kinds are ignored. A folder ``openenv import`` made is both an OpenEnv environment and an
-ORS (or Verifiers) source, vendored inside it; its ``openenv.yaml`` says how it is served."""
+    def _table(self) -> dict[str, KindDetector]:
+        return {b.kind: KindDetector(backends.resolve(b.looks_like), backends.resolve(b.detect))
+                for b in backends.backends() if b.looks_like is not None and b.detect is not None}
+
+    def __getitem__(self, kind: str) -> KindDetector:
+        return self._table()[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+DETECTORS: Mapping[str, KindDetector] = _Detectors()
+"""Every importable kind and its detector."""
+
+
+def precedence() -> tuple[str, ...]:
+    """Kinds whose signal is a manifest saying what serves the folder: when one matches, matches of
+    other kinds are ignored. A folder ``openenv import`` made is both an OpenEnv environment and an
+    ORS (or Verifiers) source, vendored inside it; its ``openenv.yaml`` says how it is served."""
+    return tuple(b.kind for b in backends.backends() if b.precedence)
+
 
 
 def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: str | None = None) -> Detected:
@@ -174,77 +196,26 @@ def detect(source: str | os.PathLike[str], kind: str | None = None, env_class: s
     if not path.exists():
         raise SourceNotFound(f"import source {path} does not exist")
     path = path.resolve()
-    supported = ", ".join(repr(k) for k in DETECTORS)
+    detectors = dict(DETECTORS)
+    supported = ", ".join(repr(k) for k in detectors)
     if kind is not None:
-        if kind not in DETECTORS:
+        if kind not in detectors:
             raise DetectionError(f"unsupported kind {kind!r}; supported kinds: {supported}")
-        return DETECTORS[kind].detect(path, env_class)
-    matching = [k for k, d in DETECTORS.items() if d.looks_like(path)]
-    matching = [k for k in matching if k in PRECEDENCE] or matching
+        return detectors[kind].detect(path, env_class)
+    matching = [k for k, d in detectors.items() if d.looks_like(path)]
+    first = precedence()
+    matching = [k for k in matching if k in first] or matching
     if len(matching) == 1:
-        return DETECTORS[matching[0]].detect(path, env_class)
+        return detectors[matching[0]].detect(path, env_class)
     if len(matching) > 1:
         raise AmbiguousSource(f"{path} looks like several kinds ({', '.join(matching)}); pass --kind")
     # Nothing matched the cheap checks: run each detector for the error that says what it wanted.
     reasons = []
-    for k, d in DETECTORS.items():
+    for k, d in detectors.items():
         try:
             return d.detect(path, env_class)
         except AmbiguousSource:
             raise
         except DetectionError as exc:
-            reasons.append(str(exc) if len(DETECTORS) == 1 else f"{k}: {exc}")
+            reasons.append(str(exc) if len(detectors) == 1 else f"{k}: {exc}")
     raise DetectionError("; ".join(reasons))
-
-
-def import_source(
-    source: str | os.PathLike[str],
-    name: str,
-    kind: str | None = None,
-    env_class: str | None = None,
-    catalog: str | os.PathLike[str] | None = None,
-    *,
-    isolated: bool = False,
-    python: str | None = None,
-    build: bool = True,
-    origin: str | None = None,
-    commit: str | None = None,
-) -> CatalogEntry:
-    """Detect the environment in ``source`` and record it in the catalog as ``name``.
-
-    ``isolated=True`` snapshots the source into the data dir (secrets and caches left out, see
-    :mod:`openenv_gym.isolation.snapshot`), records the requirements of its own venv and builds
-    that venv with uv now (``build=False`` leaves it to the first ``gym.make``); ``python`` picks
-    the venv's Python version. The id then plays the snapshot in a host process under that venv.
-    ``origin`` and ``commit`` record where an install fetched the source from.
-    """
-    validate_name(name)
-    if python is not None and not isolated:
-        raise DetectionError("--python picks the interpreter of an isolated import: add --isolated")
-    found = detect(source, kind=kind, env_class=env_class)
-    isolation = None
-    if isolated:
-        from openenv_gym.isolation.snapshot import snapshot
-        from openenv_gym.isolation.venvs import ensure_venv, requirements_for
-
-        snap = snapshot(source, name)
-        found = detect(snap.path, kind=found.kind, env_class=env_class)
-        requirements = requirements_for(found.kind, found.source, found.sdk)
-        venv = str(ensure_venv(requirements, python)) if build else None
-        isolation = Isolation(requirements=requirements, python=python, venv=venv, excluded=snap.excluded)
-        origin = origin or str(Path(source).expanduser().resolve())
-    entry = CatalogEntry(
-        name=name,
-        kind=found.kind,
-        source=found.source,
-        env_class=found.env_class or None,
-        env_name=found.env_name,
-        module_file=found.module_file,
-        sdk=found.sdk,
-        added_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        isolated=isolation,
-        origin=origin,
-        commit=commit,
-    )
-    add_entry(entry, path=catalog)
-    return entry

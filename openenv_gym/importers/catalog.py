@@ -456,3 +456,43 @@ def remove_invalid(path: str | os.PathLike[str] | None = None,
             except OSError as exc:
                 raise CatalogError(f"cannot write the catalog {target}: {exc}") from exc
     return invalid
+
+
+# -- the gym.make kwargs that play an entry or a discovered package, per kind (named by each
+# backend's descriptor, openenv_gym.backends) --------------------------------------------------
+
+def ors_kwargs(entry: CatalogEntry) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"source": entry.source}
+    for key in ("env_class", "env_name", "module_file"):
+        if getattr(entry, key, None):
+            kwargs[key] = getattr(entry, key)
+    return kwargs
+
+
+def fleet_kwargs(entry: CatalogEntry) -> dict[str, Any]:
+    return {"tasks": entry.source}
+
+
+def verifiers_kwargs(entry: CatalogEntry) -> dict[str, Any]:
+    return {"source": entry.source, "generation": entry.sdk}
+
+
+def openenv_kwargs(entry: CatalogEntry) -> dict[str, Any]:
+    from openenv_gym.importers.openenv import MANIFEST, read_manifest
+
+    try:
+        manifest = read_manifest(pathlib.Path(entry.source) / MANIFEST)
+    except (OSError, ValueError):  # a source moved or unreadable: making the env will say so
+        manifest = None
+    return {"source": entry.source, **({"manifest": manifest} if manifest else {})}
+
+
+def discovered_verifiers_kwargs(found: dict[str, Any]) -> dict[str, Any]:
+    return {"env_id": found["module"], "generation": found["generation"]}
+
+
+def discovered_openenv_kwargs(found: dict[str, Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"source": found["module"]}
+    if found.get("manifest"):
+        kwargs["manifest"] = dict(found["manifest"])
+    return kwargs

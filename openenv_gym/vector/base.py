@@ -700,7 +700,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
     def __del__(self) -> None:
         # Never block here: this may run in any thread, or during finalisation (when the exit
         # hook has closed, or will close, what is left).
-        if not getattr(self, "closed", True):
+        if not getattr(self, "closed", True) and hasattr(self, "_owner"):  # not a half-built one
             self.closed = True
             runtime.untrack(self)
             if os.getpid() == self._owner:

@@ -329,7 +329,7 @@ def test_vector_env_runs_instances_side_by_side_and_deletes_them(server, tasks_f
 
 
 def test_import_a_task_file_registers_its_tasks(server, tasks_file):
-    from openenv_gym.importers import import_source
+    from openenv_gym.importing import import_source
     from openenv_gym.registration import register_catalog
 
     entry = import_source(tasks_file, "IssueTasks", kind="fleet")

@@ -51,7 +51,7 @@ def test_max_turns_reaches_the_librarys_turn_limit():
 
 
 def test_imported_source_registers_and_vectorises():
-    from openenv_gym.importers import import_source
+    from openenv_gym.importing import import_source
     from openenv_gym.registration import register_catalog
 
     entry = import_source(ENVS / "vf_arith.py", "VfArith")

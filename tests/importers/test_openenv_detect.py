@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import openenv_gym  # noqa: F401
 from openenv_gym import cli
 from openenv_gym.errors import DetectionError, SourceNotFound
-from openenv_gym.importers import detect, import_source
+from openenv_gym.importers import detect
+from openenv_gym.importing import import_source
 from openenv_gym.importers.ors import looks_like_ors
 from openenv_gym.importers.openenv import (
     discover_installed,
@@ -27,7 +28,7 @@ from openenv_gym.importers.openenv import (
     read_manifest,
     resolve_source,
 )
-from openenv_gym.registration import env_info, register_catalog, register_openenv_packages
+from openenv_gym.registration import env_info, register_catalog, register_discovered
 
 ENVS = Path(__file__).parent.parent / "envs"
 POISON = 'raise RuntimeError("an OpenEnv package was imported during discovery")\n'
@@ -187,7 +188,7 @@ def test_an_installed_package_registers_and_plays_without_being_imported_here(tm
         "import os\nif os.environ.get('OPENENV_TEST_TRAINER_PID') == str(os.getpid()):\n"
         "    raise RuntimeError('imported in the trainer')\n")
     monkeypatch.setenv("OPENENV_TEST_TRAINER_PID", str(__import__("os").getpid()))
-    ids = register_openenv_packages()
+    ids = register_discovered()
     assert "openenv/sitegrid-v0" in ids
     assert env_info("openenv/sitegrid-v0")["kwargs"]["source"] == "sitegrid_env"
     env = gym.make("openenv/sitegrid-v0")

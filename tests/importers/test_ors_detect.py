@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, InvalidName, SourceNotFound
-from openenv_gym.importers import Detected, detect, import_source
+from openenv_gym.importers import Detected, detect
+from openenv_gym.importing import import_source
 from openenv_gym.importers.catalog import load_catalog
 from openenv_gym.importers.ors import ORSDetection, ServerCall, detect_ors, looks_like_ors
 

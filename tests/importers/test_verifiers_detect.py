@@ -202,9 +202,9 @@ def test_discovered_packages_are_registered_on_import(tmp_path, monkeypatch):
     site.mkdir()
     _install(site, "vf-arith", "vf_arith", V0, "verifiers")
     monkeypatch.setattr(sys, "path", [str(site), *sys.path])
-    from openenv_gym.registration import register_verifiers_packages
+    from openenv_gym.registration import register_discovered
 
-    ids = register_verifiers_packages()
+    ids = register_discovered()
     assert "openenv/vf-arith-v0" in ids
     spec = gym.registry["openenv/vf-arith-v0"]
     assert spec.kwargs == {"adapter": "openenv_gym.adapters.verifiers:adapter_spec", "env_id": "vf_arith",

@@ -21,7 +21,7 @@ import pytest
 from openenv_gym.cli import main
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.importers.catalog import load_catalog
-from openenv_gym.isolation.install import install, strip_credentials
+from openenv_gym.install import install, strip_credentials
 from openenv_gym.registration import register_catalog
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -313,7 +313,7 @@ def test_a_wrong_password_fails_and_is_never_shown(repo, capsys):
 
 
 def test_the_credential_helper_answers_only_its_own_host():
-    from openenv_gym.isolation.install import _git_env, _without_credentials
+    from openenv_gym.install import _git_env, _without_credentials
 
     url = _without_credentials("https://u:secret@127.0.0.1:1234/org/repo.git")
     assert url.url == "https://127.0.0.1:1234/org/repo.git"
