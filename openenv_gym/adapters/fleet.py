@@ -29,6 +29,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import atexit
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -121,29 +123,50 @@ def _translate(exc: BaseException, what: str) -> BaseException:
 
 # -- the client and the instances ----------------------------------------------------------------
 
-_clients: dict[tuple[str, str, int, float], Any] = {}
-_clients_lock = threading.Lock()
+class FleetClients:
+    """The process's ``AsyncFleet`` clients, one per set of settings: one HTTP pool for every adapter
+    that uses the same account, not one per ``make``.
+
+    The one owner of that state (:data:`CLIENTS`). Keys hold a digest of the API key, never the key;
+    a forked child builds its own clients (an HTTP pool is bound to its parent's loop);
+    :meth:`aclose` closes them all (for tests that start fresh).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # settings -> (client, its HTTP pool)
+
+    def get(self, api_key: str, base_url: str | None, max_retries: int, backoff: float) -> Any:
+        import httpx
+        import httpx_retries
+        from fleet import AsyncFleet
+
+        key = (os.getpid(), base_url or "", hashlib.sha256(api_key.encode()).hexdigest(), max_retries, backoff)
+        with self._lock:
+            entry = self._clients.get(key)
+            if entry is None:
+                # The SDK's default retries 404 too (seconds lost on every bad route); transient only.
+                policy = httpx_retries.Retry(total=max_retries, status_forcelist=[429, 500, 502, 503, 504],
+                                             allowed_methods=["GET", "POST", "PATCH", "DELETE"],
+                                             backoff_factor=backoff)
+                transport = httpx_retries.RetryTransport(transport=httpx.AsyncHTTPTransport(retries=2), retry=policy)
+                http = httpx.AsyncClient(timeout=300.0, transport=transport)
+                entry = self._clients[key] = (AsyncFleet(api_key=api_key, base_url=base_url, httpx_client=http), http)
+        return entry[0]
+
+    async def aclose(self) -> None:
+        """Close every client of this process (the next ``get`` builds anew)."""
+        with self._lock:
+            pools = [http for k, (_, http) in self._clients.items() if k[0] == os.getpid()]
+            self._clients.clear()
+        for http in pools:  # the HTTP pools are ours: made here, handed to each client
+            with contextlib.suppress(Exception):
+                await http.aclose()
+
+
+CLIENTS = FleetClients()
+"""This process's Fleet clients."""
 _live: weakref.WeakSet[FleetAdapter] = weakref.WeakSet()
-
-
-def _client(api_key: str, base_url: str | None, max_retries: int, backoff: float) -> Any:
-    """The process's ``AsyncFleet`` for these settings (one HTTP pool, not one per ``make``)."""
-    import httpx
-    import httpx_retries
-    from fleet import AsyncFleet
-
-    key = (base_url or "", api_key, max_retries, backoff)
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            # The SDK's default retries 404 too (seconds lost on every bad route); transient only.
-            policy = httpx_retries.Retry(total=max_retries, status_forcelist=[429, 500, 502, 503, 504],
-                                         allowed_methods=["GET", "POST", "PATCH", "DELETE"],
-                                         backoff_factor=backoff)
-            transport = httpx_retries.RetryTransport(transport=httpx.AsyncHTTPTransport(retries=2), retry=policy)
-            http = httpx.AsyncClient(timeout=300.0, transport=transport)
-            client = _clients[key] = AsyncFleet(api_key=api_key, base_url=base_url, httpx_client=http)
-    return client
 
 
 class _Instance:
@@ -292,7 +315,7 @@ class FleetAdapter(Adapter):
             import mcp  # noqa: F401
         except ImportError as exc:
             raise ConfigurationError(f"Fleet environments need the fleet extra: pip install 'openenv-gym[fleet]' ({exc})") from None
-        self._fleet = _client(self._api_key, self.base_url, self.max_retries, self.retry_backoff)
+        self._fleet = CLIENTS.get(self._api_key, self.base_url, self.max_retries, self.retry_backoff)
         _live.add(self)
 
     async def aclose(self) -> None:
