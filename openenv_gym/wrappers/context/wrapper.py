@@ -29,296 +29,25 @@ from __future__ import annotations
 import bisect
 import copy
 import json
-import re
-from collections.abc import Callable, Container, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
-import msgspec
 from gymnasium.utils import RecordConstructorArgs
 
-from openenv_gym.actions import ParsedCall, check_call, parse_action, tool_message
+from openenv_gym.actions import ParsedCall, check_call, tool_message
 from openenv_gym.errors import ConfigurationError, EpisodeFinished, EpisodeNotStarted
 from openenv_gym.spaces import AssistantAction
-from openenv_gym.wire import AssistantMessage, Message, ToolSpec
-
-__all__ = ["ContextManagement", "CONTEXT_TOOLS", "DEFAULT_MAX_OUTPUT_CHARS", "DEFAULT_PAGE_SIZE"]
-
-DEFAULT_MAX_OUTPUT_CHARS = 10_000
-DEFAULT_PAGE_SIZE = 50
-
-# Caps on what one answer holds, so the tools meant to save context cannot flood it themselves.
-_MAX_HISTORY_HITS = 20
-_MAX_OUTPUT_HITS = 50
-_SNIPPET_CHARS = 160
-
-CONTEXT_TOOLS: tuple[ToolSpec, ...] = (
-    ToolSpec(
-        name="check_context",
-        description=(
-            "Report the size of the conversation in your context: messages, turns, characters, an "
-            "estimated token count (characters / 4), how many messages were pruned, and how many "
-            "full tool outputs are stored. Answered locally; costs no environment turn."
-        ),
-        parameters={"type": "object", "properties": {}, "additionalProperties": False},
-    ),
-    ToolSpec(
-        name="manage_context",
-        description=(
-            "Free context space: keep the opening messages (system prompt and task) and only the "
-            "last `keep_recent_turns` turns (a turn is one of your messages plus the messages "
-            "answering it), dropping older turns. Dropped messages stay searchable with "
-            "search_history, and tool outputs stay readable with view_tool_output."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "keep_recent_turns": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "How many of the most recent turns to keep.",
-                }
-            },
-            "required": ["keep_recent_turns"],
-            "additionalProperties": False,
-        },
-    ),
-    ToolSpec(
-        name="search_history",
-        description=(
-            "Search the whole conversation, including pruned turns, with a case-insensitive Python "
-            "regular expression (an invalid one is searched as literal text). Returns the matching "
-            "messages with their positions. Tool outputs are searched as you saw them; use "
-            "search_tool_output to search full, untruncated outputs. Calls to the context tools "
-            "and their answers are not searched."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string", "minLength": 1, "description": "The regular expression."}
-            },
-            "required": ["pattern"],
-            "additionalProperties": False,
-        },
-    ),
-    ToolSpec(
-        name="search_tool_output",
-        description=(
-            "Search the full text of stored tool outputs line by line with a case-insensitive Python "
-            "regular expression (an invalid one is searched as literal text). Returns output ids, "
-            "line numbers and the page (of 50 lines) to pass to view_tool_output."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "pattern": {"type": "string", "minLength": 1, "description": "The regular expression."},
-                "output_id": {
-                    "type": ["integer", "null"],
-                    "minimum": 1,
-                    "description": "Search only this output (default: all stored outputs).",
-                },
-            },
-            "required": ["pattern"],
-            "additionalProperties": False,
-        },
-    ),
-    ToolSpec(
-        name="view_tool_output",
-        description=(
-            "Read a stored tool output by pages of lines. The answer is one header line "
-            "('[output_id=N page i of n: lines a-b of L]'), then the page's text exactly as in the "
-            "output. A page also stops before exceeding the truncation limit, splitting a very long "
-            "line across pages; the header says so."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "output_id": {"type": "integer", "minimum": 1, "description": "The id from the truncation note."},
-                "page": {"type": "integer", "minimum": 1, "description": "Page number, from 1 (default 1)."},
-                "page_size": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "description": f"Lines per page (default {DEFAULT_PAGE_SIZE}).",
-                },
-            },
-            "required": ["output_id"],
-            "additionalProperties": False,
-        },
-    ),
+from openenv_gym.wire import Message, ToolSpec
+from openenv_gym.wrappers.context.calls import Action, Answer, interleave, local_info, normalize, spec_of, type_error
+from openenv_gym.wrappers.context.pages import (
+    StoredOutput, calls_text, compile_pattern, count_lines, message_chars, page_header, snippet, text_of,
 )
-_LOCAL: dict[str, ToolSpec] = {t.name: t for t in CONTEXT_TOOLS}
+from openenv_gym.wrappers.context.tools import (
+    CONTEXT_TOOLS, DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_PAGE_SIZE, LOCAL, MAX_HISTORY_HITS, MAX_OUTPUT_HITS,
+)
 
-
-# -- text helpers -------------------------------------------------------------------------------
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message's content: the string, or its text parts joined by newlines."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "\n".join(
-        p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-    )
-
-
-def _calls_text(message: Message, skip: Container[str] = ()) -> str:
-    """The tool calls of an assistant message as ``name(arguments)`` lines (for size and search)."""
-    lines = []
-    for call in message.get("tool_calls") or ():
-        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
-        if fn.get("name") in skip:
-            continue
-        args = fn.get("arguments")
-        if not isinstance(args, str):
-            args = json.dumps(args, ensure_ascii=False, default=str) if args is not None else ""
-        lines.append(f"{fn.get('name', '')}({args})")
-    return "\n".join(lines)
-
-
-def _message_chars(message: Message) -> int:
-    # Text only: an image's base64 data URL says nothing useful about its token cost.
-    return len(_text_of(message.get("content"))) + len(_calls_text(message))
-
-
-def _count_lines(text: str) -> int:
-    return text.count("\n") + (0 if text == "" or text.endswith("\n") else 1)
-
-
-def _compile(pattern: str) -> tuple[re.Pattern[str], str]:
-    """The pattern as a case-insensitive regex, or as literal text when it is not a valid regex.
-
-    Python's ``re`` has no timeout, so a catastrophically backtracking pattern over a huge output
-    stalls the step; the answers are capped, the scan is not. A known, accepted limitation.
-    """
-    try:
-        return re.compile(pattern, re.IGNORECASE), ""
-    except (re.error, RecursionError, OverflowError) as exc:
-        note = f"Note: {pattern!r} is not a valid regular expression ({exc}); searched for it as literal text.\n"
-        return re.compile(re.escape(pattern), re.IGNORECASE), note
-
-
-def _snippet(text: str, match: re.Match[str]) -> str:
-    """One line of context around ``match``, at most about ``_SNIPPET_CHARS`` characters."""
-    start = max(0, match.start() - _SNIPPET_CHARS // 3)
-    end = min(len(text), max(match.end(), start + _SNIPPET_CHARS))
-    end = min(end, start + _SNIPPET_CHARS)
-    piece = text[start:end].replace("\r", " ").replace("\n", " ")
-    return ("…" if start > 0 else "") + piece + ("…" if end < len(text) else "")
-
-
-# -- paging ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Page:
-    start: int  # character offsets into the output: the page body is text[start:end]
-    end: int
-    first_line: int  # 1-based line numbers of the first and last (possibly partial) lines
-    last_line: int
-    starts_mid_line: bool
-    ends_mid_line: bool
-
-
-def _pieces(text: str, budget: int | None) -> Iterator[tuple[int, int, int, bool, bool]]:
-    """``(start, end, line, starts_line, ends_line)`` for each line, long lines cut into ``budget`` chunks.
-
-    Lines end at ``\\n`` only and keep it, so ``\\r\\n`` stays inside its line and a lone ``\\r``
-    or a Unicode separator does not split one: the pieces concatenate back to ``text`` exactly.
-    """
-    pos, line, n = 0, 0, len(text)
-    while pos < n:
-        nl = text.find("\n", pos)
-        end = n if nl < 0 else nl + 1
-        line += 1
-        if budget is None or end - pos <= budget:
-            yield pos, end, line, True, True
-        else:
-            for s in range(pos, end, budget):
-                e = min(s + budget, end)
-                yield s, e, line, s == pos, e == end
-        pos = end
-
-
-def _paginate(text: str, page_size: int, budget: int | None) -> list[_Page]:
-    """Split ``text`` into pages of at most ``page_size`` lines and ``budget`` characters.
-
-    The character budget is why a page may hold fewer lines than asked: one page of a minified
-    JSON dump would otherwise be the whole dump, which is what truncation was protecting from.
-    Every character lands on exactly one page, in order.
-    """
-    pages: list[_Page] = []
-    cur: list[Any] | None = None  # [start, end, first_line, last_line, starts_mid, ends_mid, pieces]
-    for start, end, line, starts_line, ends_line in _pieces(text, budget):
-        if cur is not None and (
-            cur[6] >= page_size or (budget is not None and (cur[1] - cur[0]) + (end - start) > budget)
-        ):
-            pages.append(_Page(*cur[:6]))
-            cur = None
-        if cur is None:
-            cur = [start, end, line, line, not starts_line, not ends_line, 1]
-        else:
-            cur[1], cur[3], cur[5], cur[6] = end, line, not ends_line, cur[6] + 1
-    if cur is not None:
-        pages.append(_Page(*cur[:6]))
-    return pages or [_Page(0, 0, 0, 0, False, False)]
-
-
-@dataclass
-class _StoredOutput:
-    """The full text of one tool output the inner env returned."""
-
-    id: int
-    text: str
-    truncated: bool
-    lines: int = 0
-    _pages: dict[tuple[int, int | None], list[_Page]] = field(default_factory=dict, repr=False)
-
-    def pages(self, page_size: int, budget: int | None) -> list[_Page]:
-        key = (page_size, budget)
-        if key not in self._pages:  # agents page sequentially: don't re-split a megabyte per page
-            if len(self._pages) >= 4:
-                self._pages.clear()  # an agent trying many page sizes must not grow memory unboundedly
-            self._pages[key] = _paginate(self.text, page_size, budget)
-        return self._pages[key]
-
-
-# -- argument checking ----------------------------------------------------------------------------
-
-
-def _type_error(name: str, args: dict[str, Any], schema: dict[str, Any]) -> str | None:
-    """Check argument types and bounds against our own (simple, flat) schemas."""
-    for key, value in args.items():
-        sub = schema["properties"][key]
-        kinds = sub["type"] if isinstance(sub["type"], list) else [sub["type"]]
-        if value is None and "null" in kinds:
-            continue
-        if "integer" in kinds:
-            # JSON has no int type of its own: accept 3.0, never True (a bool is an int in Python).
-            if isinstance(value, float) and value.is_integer():
-                value = args[key] = int(value)
-            if not isinstance(value, int) or isinstance(value, bool):
-                return f"Error: tool {name!r} was not run: argument {key!r} must be an integer, got {value!r}."
-            if value < sub.get("minimum", value):
-                return f"Error: tool {name!r} was not run: argument {key!r} must be >= {sub['minimum']}, got {value}."
-        elif "string" in kinds:
-            if not isinstance(value, str):
-                return f"Error: tool {name!r} was not run: argument {key!r} must be a string, got {value!r}."
-            if len(value) < sub.get("minLength", 0):
-                return f"Error: tool {name!r} was not run: argument {key!r} must not be empty."
-    return None
-
-
-# -- the wrapper ------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Answer:
-    call_index: int
-    message: Message
-    ok: bool
+__all__ = ["ContextManagement"]
 
 
 class ContextManagement(gym.Wrapper, RecordConstructorArgs):
@@ -445,7 +174,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
     def _clear(self) -> None:
         self._history: list[Message] = []
         self._full: list[Message] = []
-        self._outputs: list[_StoredOutput] = []
+        self._outputs: list[StoredOutput] = []
         self._local_answers: set[int] = set()  # full_history positions of our own answers
         self._local_calls = 0
         self._done = False
@@ -464,7 +193,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
     # -- tools ------------------------------------------------------------------------------------
     @staticmethod
     def _check_names(tools: Sequence[ToolSpec]) -> None:
-        clash = sorted(t.name for t in tools if t.name in _LOCAL)
+        clash = sorted(t.name for t in tools if t.name in LOCAL)
         if clash:
             raise ConfigurationError(
                 f"the environment has its own tool(s) {clash}, which ContextManagement would hide; "
@@ -473,7 +202,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
 
     def _merge_tools(self, info: dict[str, Any]) -> None:
         """Add the context tools to ``info["tools"]`` and to the action space (in place)."""
-        inner = [_spec_of(t) for t in info["tools"]]
+        inner = [spec_of(t) for t in info["tools"]]
         self._check_names(inner)
         self.action_space.tools = inner + list(CONTEXT_TOOLS)
         # Fresh dicts each time: callers keep infos, and a shared schema edited in one would leak.
@@ -528,9 +257,9 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
             raise EpisodeNotStarted("call reset() before step()")
         if self._done:
             raise EpisodeFinished("the episode has ended; call reset() to start a new one")
-        act = _normalize(action)
+        act = normalize(action)
         calls = act.calls
-        local = [i for i, c in enumerate(calls) if c.name in _LOCAL]
+        local = [i for i, c in enumerate(calls) if c.name in LOCAL]
         if not local:
             # Nothing for us: the inner env gets the action exactly as the agent wrote it.
             return self._forward(action, act, [])
@@ -540,7 +269,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         if len(local) == len(calls):
             answers = self._answer(calls, local)
             obs = [a.message for a in answers]
-            info: dict[str, Any] = {"local_calls": _local_info(calls, answers)}
+            info: dict[str, Any] = {"local_calls": local_info(calls, answers)}
             self._commit(act.message, obs, local_positions=range(len(obs)))
             self._add_context(info)
             return obs, 0.0, False, False, info
@@ -555,7 +284,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
 
     # -- step internals ---------------------------------------------------------------------------
     def _forward(
-        self, forwarded: Any, act: _Action, local: list[int]
+        self, forwarded: Any, act: Action, local: list[int]
     ) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """Step the inner env with ``forwarded``, then answer the ``local`` calls and merge."""
         # The inner env runs first: if it raises (a dead server), no context tool has pruned yet.
@@ -565,15 +294,15 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
             self._merge_tools(info)
         answers = self._answer(act.calls, local)
         inner_obs = self._take_observation(inner_obs)
-        obs, positions = _interleave(act.calls, answers, inner_obs)
+        obs, positions = interleave(act.calls, answers, inner_obs)
         if answers:
-            info["local_calls"] = _local_info(act.calls, answers)
+            info["local_calls"] = local_info(act.calls, answers)
         self._commit(act.message, obs, local_positions=positions)
         self._add_context(info)
         self._done = bool(terminated or truncated)
         return obs, reward, terminated, truncated, info
 
-    def _refuse(self, act: _Action) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
+    def _refuse(self, act: Action) -> tuple[list[Message], SupportsFloat, bool, bool, dict[str, Any]]:
         """Stop an episode whose agent asked for more context-tool calls than allowed."""
         text = (
             f"Not run: this episode allows at most {self.max_local_calls} context-tool calls "
@@ -583,12 +312,12 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         self._commit(act.message, obs, local_positions=range(len(obs)))
         self._done = True
         info = {
-            "local_calls": [{"name": c.name, "ok": False} for c in act.calls if c.name in _LOCAL],
+            "local_calls": [{"name": c.name, "ok": False} for c in act.calls if c.name in LOCAL],
             "error": {"type": "LocalCallLimit", "message": text},
         }
         return obs, 0.0, False, True, info
 
-    def _answer(self, calls: list[ParsedCall], local: list[int]) -> list[_Answer]:
+    def _answer(self, calls: list[ParsedCall], local: list[int]) -> list[Answer]:
         answers = []
         self._pruned = None
         for i in local:
@@ -596,12 +325,12 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
             args = dict(call.arguments or {})
             # check_call: bad JSON, missing and unexpected arguments; then types, which it leaves
             # to backends but which nobody else will check for these tools.
-            problem = check_call(call, _LOCAL) or _type_error(call.name, args, _LOCAL[call.name].parameters or {})
+            problem = check_call(call, LOCAL) or type_error(call.name, args, LOCAL[call.name].parameters or {})
             if problem is not None:
                 text, ok = problem, False
             else:
                 text, ok = self._handlers[call.name](args)
-            answers.append(_Answer(i, tool_message(call.id, call.name, text), ok))
+            answers.append(Answer(i, tool_message(call.id, call.name, text), ok))
         return answers
 
     def _take_observation(self, obs: list[Message]) -> list[Message]:
@@ -610,13 +339,13 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         for m in obs:
             m = dict(m)
             if m.get("role") == "tool":
-                text = _text_of(m.get("content"))
+                text = text_of(m.get("content"))
                 limit = self.max_output_chars
-                stored = _StoredOutput(
+                stored = StoredOutput(
                     id=len(self._outputs) + 1,
                     text=text,
                     truncated=limit is not None and len(text) > limit,
-                    lines=_count_lines(text),
+                    lines=count_lines(text),
                 )
                 self._outputs.append(stored)
                 if stored.truncated:
@@ -624,7 +353,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
             out.append(m)
         return out
 
-    def _truncated_content(self, content: Any, stored: _StoredOutput) -> Any:
+    def _truncated_content(self, content: Any, stored: StoredOutput) -> Any:
         limit = self.max_output_chars
         assert limit is not None
         oid = stored.id
@@ -658,7 +387,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
 
     # -- the five tools -----------------------------------------------------------------------------
     def _check_context(self, args: dict[str, Any]) -> tuple[str, bool]:
-        chars = sum(_message_chars(m) for m in self._history)
+        chars = sum(message_chars(m) for m in self._history)
         report = {
             "messages": len(self._history),
             "turns": sum(1 for m in self._history if m.get("role") == "assistant"),
@@ -688,7 +417,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         dropped = history[opening:cut]
         self._history = history[:opening] + history[cut:]
         self._pruned = (self._pruned or 0) + len(dropped)
-        chars = sum(_message_chars(m) for m in dropped)
+        chars = sum(message_chars(m) for m in dropped)
         return (
             f"Dropped the {len(starts) - keep} oldest turn(s): {len(dropped)} messages, {chars:,} "
             f"characters. Kept the opening ({opening} messages) and the last {keep} turn(s) "
@@ -699,28 +428,28 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         )
 
     def _search_history(self, args: dict[str, Any]) -> tuple[str, bool]:
-        regex, note = _compile(args["pattern"])
+        regex, note = compile_pattern(args["pattern"])
         in_context = {id(m) for m in self._history}
         hits: list[str] = []
         total = 0
         for pos, m in enumerate(self._full):
             if pos in self._local_answers:
                 continue  # our own answers quote history: searching them would echo past searches
-            text = _text_of(m.get("content"))
+            text = text_of(m.get("content"))
             # Context-tool calls are skipped too: every search's own pattern would match itself.
-            calls = _calls_text(m, skip=_LOCAL)
+            calls = calls_text(m, skip=LOCAL)
             text = f"{text}\n{calls}" if text and calls else text or calls
             match = regex.search(text)
             if match is None:
                 continue
             total += 1
-            if len(hits) < _MAX_HISTORY_HITS:
+            if len(hits) < MAX_HISTORY_HITS:
                 label = m.get("role", "?")
                 if m.get("role") == "tool" and m.get("name"):
                     label += f" {m['name']}"
                 if id(m) not in in_context:
                     label += ", pruned"
-                hits.append(f"message {pos} [{label}]: {_snippet(text, match)}")
+                hits.append(f"message {pos} [{label}]: {snippet(text, match)}")
         if not total:
             return f"{note}No message matches {args['pattern']!r}.", True
         shown = f" (showing the first {len(hits)})" if total > len(hits) else ""
@@ -738,7 +467,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
             targets = self._outputs
         if not targets:
             return "No tool output is stored yet.", True
-        regex, note = _compile(args["pattern"])
+        regex, note = compile_pattern(args["pattern"])
         hits: list[str] = []
         total = 0
         for out in targets:
@@ -752,9 +481,9 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
                 match = regex.search(content)
                 if match is not None:
                     total += 1
-                    if len(hits) < _MAX_OUTPUT_HITS:
+                    if len(hits) < MAX_OUTPUT_HITS:
                         page = bisect.bisect_right(page_starts, pos)
-                        hits.append(f"output_id={out.id} line {line} (page {page}): {_snippet(content, match)}")
+                        hits.append(f"output_id={out.id} line {line} (page {page}): {snippet(content, match)}")
                 pos = end + 1
         if not total:
             where = f"output_id={output_id}" if output_id is not None else f"{len(targets)} stored output(s)"
@@ -780,121 +509,10 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
                 False,
             )
         page = pages[page_no - 1]
-        return _page_header(stored, page_no, len(pages), page) + stored.text[page.start : page.end], True
+        return page_header(stored, page_no, len(pages), page) + stored.text[page.start : page.end], True
 
-    def _output(self, output_id: int) -> _StoredOutput | str:
+    def _output(self, output_id: int) -> StoredOutput | str:
         if 1 <= output_id <= len(self._outputs):
             return self._outputs[output_id - 1]
         have = f"1-{len(self._outputs)}" if self._outputs else "none yet"
         return f"Error: there is no tool output with output_id={output_id} (stored: {have})."
-
-
-# -- module helpers -----------------------------------------------------------------------------------
-
-
-def _page_header(stored: _StoredOutput, number: int, count: int, page: _Page) -> str:
-    if stored.lines == 0:
-        return f"[output_id={stored.id} page 1 of 1: empty output]\n"
-    first, last = page.first_line, page.last_line
-    lines = f"line {first}" if first == last else f"lines {first}-{last}"
-    remarks = []
-    if page.starts_mid_line:
-        remarks.append(f"line {page.first_line} began on the previous page")
-    if page.ends_mid_line:
-        remarks.append(f"line {page.last_line} continues on the next page")
-    extra = f"; {'; '.join(remarks)}" if remarks else ""
-    return f"[output_id={stored.id} page {number} of {count}: {lines} of {stored.lines}{extra}]\n"
-
-
-def _local_info(calls: list[ParsedCall], answers: list[_Answer]) -> list[dict[str, Any]]:
-    return [{"name": calls[a.call_index].name, "ok": a.ok} for a in answers]
-
-
-def _spec_of(tool: dict[str, Any]) -> ToolSpec:
-    """A ToolSpec from an OpenAI ``tools`` entry (chat-completions or flat form)."""
-    fn = tool.get("function", tool)
-    return ToolSpec(name=fn["name"], description=fn.get("description") or "", parameters=fn.get("parameters"))
-
-
-class _Action(msgspec.Struct):
-    """The agent's action, read once: for history, for forwarding, and its parsed calls."""
-
-    message: Message  # as recorded in history: ids filled in, dict arguments as JSON text
-    original: dict[str, Any] | None  # the action as a dict (None for text or unreadable input)
-    calls: list[ParsedCall]  # aligned with raw_calls
-    raw_calls: list[dict[str, Any]]  # the agent's calls as written, ids filled in
-
-
-def _normalize(action: Any) -> _Action:
-    """Read ``action`` with :func:`parse_action`, so the calls are exactly what the inner env sees.
-
-    A call without an id gets ``call_<n>`` (``n`` = its position) there and the same id here;
-    forwarding it with that id explicit keeps the pairing when other calls are removed.
-    """
-    turn = parse_action(action)
-    if isinstance(action, str):
-        return _Action({"role": "assistant", "content": action}, None, [], [])
-    if isinstance(action, AssistantMessage) or (
-        isinstance(action, dict) and any(not isinstance(c, dict) for c in action.get("tool_calls") or ())
-    ):
-        action = msgspec.to_builtins(action)  # Structs (whole message or its calls) as plain dicts
-    if not isinstance(action, dict):
-        return _Action({"role": "assistant", "content": None}, None, [], [])
-    message = {**action, "role": "assistant"}
-    if turn.error is not None or not turn.calls:
-        return _Action(message, action, [], [])
-    raw_calls = [{**raw, "id": call.id} for raw, call in zip(action["tool_calls"], turn.calls)]
-    message["tool_calls"] = [
-        {
-            **raw,
-            "type": raw.get("type") or "function",
-            "function": {**raw["function"], "arguments": _json_args(raw["function"].get("arguments"))},
-        }
-        for raw in raw_calls
-    ]
-    return _Action(message, action, list(turn.calls), raw_calls)
-
-
-def _json_args(arguments: Any) -> Any:
-    """Arguments as OpenAI chat messages carry them: a JSON string."""
-    if isinstance(arguments, dict):
-        # default=str: a numpy scalar in a trainer-built dict must not break the history copy;
-        # a dict no JSON can hold (too deep, odd keys) is recorded as unreadable, not raised.
-        try:
-            return json.dumps(arguments, ensure_ascii=False, default=str)
-        except (TypeError, ValueError, RecursionError):
-            return "<arguments that are not JSON>"
-    return "{}" if arguments is None else arguments
-
-
-def _interleave(
-    calls: list[ParsedCall], answers: list[_Answer], inner: list[Message]
-) -> tuple[list[Message], list[int]]:
-    """Place local answers among the inner env's messages in the order of the original calls.
-
-    A local answer goes right after the result of the env call preceding it in the message (or
-    first, when no env call precedes it); inner messages that answer no call (a user notice) keep
-    their place. Results are matched by ``tool_call_id``, first come first served, so duplicate
-    ids still pair up in order. Returns the merged list and the positions of the local answers.
-    """
-    by_id: dict[str, list[int]] = {}
-    for k, m in enumerate(inner):
-        if m.get("role") == "tool":
-            by_id.setdefault(str(m.get("tool_call_id")), []).append(k)
-    local = {a.call_index: a for a in answers}
-    front: list[Message] = []
-    after: dict[int, list[Message]] = {}
-    anchor: int | None = None
-    for i, call in enumerate(calls):
-        if i in local:
-            (after.setdefault(anchor, []) if anchor is not None else front).append(local[i].message)
-        elif by_id.get(call.id):
-            anchor = by_id[call.id].pop(0)
-    merged = list(front)
-    positions = list(range(len(front)))
-    for k, m in enumerate(inner):
-        merged.append(m)
-        for a in after.get(k, ()):
-            positions.append(len(merged))
-            merged.append(a)
-    return merged, positions
