@@ -223,7 +223,9 @@ def make_vec(
     :data:`EXPECTED_SESSIONS` is told ``num_envs`` (an OpenEnv ``source`` sizes its server so).
     """
     from openenv_gym import vector
+    from openenv_gym.vector.base import check_num_envs
 
+    num_envs = check_num_envs(num_envs)  # an int from here on (numpy integers too)
     if backend not in vector.BACKENDS:
         close = difflib.get_close_matches(str(backend), vector.BACKENDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
