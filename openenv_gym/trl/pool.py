@@ -175,6 +175,13 @@ class SessionPool:
         with contextlib.suppress(Exception):
             runtime.run_sync(self._store.aclose(), _CLOSE_TIMEOUT + 30.0)
 
+    def __del__(self) -> None:
+        # Forgotten (never closed, no longer reachable): close without waiting, as AgentEnv does.
+        if getattr(self, "_started", False) and not self.closed:
+            self.closed = True
+            runtime.untrack(self)
+            runtime.close_later(self._store.aclose())
+
     # -- internals ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _one_caller(self, slot: int) -> Any:
@@ -420,6 +427,7 @@ class _Hosted(_Store):
     def _lost(self, block: int, handle: Any) -> None:
         if self._handles.get(block) is handle:
             del self._handles[block]
+            self._starting.pop(block, None)  # its (finished) start would hand the dead host out again
             self._dead.add(block)
             handle.kill()
             task = asyncio.get_running_loop().create_task(handle.close(1.0))  # reaps it
