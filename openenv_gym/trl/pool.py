@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from openenv_gym import runtime
@@ -217,6 +218,24 @@ class SessionPool:
         return result
 
 
+async def _once(starting: dict[int, asyncio.Task[Any]], key: int,
+                start: Callable[[int], Coroutine[Any, Any, Any]]) -> Any:
+    """What ``start(key)`` returns, started once and awaited by every caller (a cancelled caller
+    does not cancel it); a start that failed or was cancelled is made again by the next caller."""
+    task = starting.get(key)
+    if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+        task = starting[key] = asyncio.get_running_loop().create_task(start(key))
+    return await asyncio.shield(task)
+
+
+async def _cancel(tasks: dict[int, asyncio.Task[Any]]) -> None:
+    """Cancel the starts still running, and wait for them to end."""
+    running = [t for t in tasks.values() if not t.done()]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 class _Store:
     """Where the slots' sessions live. Every coroutine runs on the runtime loop."""
 
@@ -257,10 +276,7 @@ class _Local(_Store):
             return adapter
         if k:  # the first adapter starts alone: a local source launches its server once, the rest share it
             await self._adapter(0)
-        task = self._starting.get(k)
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._starting[k] = asyncio.get_running_loop().create_task(self._start_one(k))
-        return await asyncio.shield(task)
+        return await _once(self._starting, k, self._start_one)
 
     async def _start_one(self, k: int) -> Adapter:
         if self._closed:
@@ -311,10 +327,8 @@ class _Local(_Store):
 
     async def aclose(self) -> None:
         self._closed = True
-        starting = [t for t in self._starting.values() if not t.done()]
-        for task in starting:
-            task.cancel()
-        await asyncio.gather(*starting, *self._closing, return_exceptions=True)
+        await _cancel(self._starting)
+        await asyncio.gather(*self._closing, return_exceptions=True)
         self._deadlines.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
         adapters, self._adapters = list(self._adapters.values()), {}
@@ -350,10 +364,7 @@ class _Hosted(_Store):
         handle = self._handles.get(block)
         if handle is not None:
             return handle
-        task = self._starting.get(block)
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._starting[block] = asyncio.get_running_loop().create_task(self._start_host(block))
-        return await asyncio.shield(task)
+        return await _once(self._starting, block, self._start_host)
 
     async def _start_host(self, block: int) -> Any:
         from openenv_gym.hosts.process import ProcessHandle
@@ -435,9 +446,6 @@ class _Hosted(_Store):
 
     async def aclose(self) -> None:
         self._closed = True
-        starting = [t for t in self._starting.values() if not t.done()]
-        for task in starting:
-            task.cancel()
-        await asyncio.gather(*starting, return_exceptions=True)
+        await _cancel(self._starting)
         handles, self._handles = list(self._handles.values()), {}
         await asyncio.gather(*(h.close(_CLOSE_TIMEOUT) for h in handles), return_exceptions=True)
