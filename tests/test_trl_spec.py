@@ -406,6 +406,30 @@ def test_closing_the_spec_stops_its_servers_and_refuses_further_calls():
         env.reset(**spec.train_dataset[0])
 
 
+def test_an_id_imported_isolated_plays_in_host_processes(tmp_path, monkeypatch):
+    from openenv_gym.examples import arithmetic as bundled
+    from openenv_gym.importers import import_source
+    from openenv_gym.registration import register_catalog
+
+    monkeypatch.setenv("OPENENV_GYM_DATA", str(tmp_path / "data"))
+    import_source(bundled.__file__, "TRLIsoArith", env_class="Arithmetic", isolated=True, build=False)
+    register_catalog()
+    assert gym.spec("openenv/TRLIsoArith-v0").kwargs["isolate"] is True
+
+    def hosts():
+        return [p for p in procs.children(os.getpid()) if "openenv_gym.hosts.server" in procs.cmdline(p)]
+
+    # python= names the host's interpreter (a venv build is the -m venv test's business).
+    with EnvSpec("openenv/TRLIsoArith-v0", num_tasks=2, python=sys.executable) as spec:
+        env = spec.environment_factory()
+        prompt = env.reset(**spec.train_dataset[1])
+        assert len(hosts()) == 1 and env.submit(answer=env.calculator(expression=question(prompt))) == "Correct!"
+    with EnvSpec("openenv/TRLIsoArith-v0", num_tasks=2, isolate=False) as spec:  # in this process
+        env = spec.environment_factory()
+        env.reset(**spec.train_dataset[1])
+        assert hosts() == []
+
+
 @pytest.mark.venv
 def test_an_isolated_id_plays_the_same(tmp_path):
     start = time.monotonic()
