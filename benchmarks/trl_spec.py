@@ -12,10 +12,11 @@ server's replies; the env's logic is the bundled one, delegated to). Both specs 
 * the same rewards for the same scripted rollouts (calculator, then submit, right or wrong):
   ours from ``get_reward()``, theirs from their ``reward_funcs``.
 
-Then the figure: tool-call throughput with 64 environment instances, each reset on its own task,
+Then the figures: tool-call throughput with 64 environment instances, each reset on its own task,
 their calculator calls made from 64 threads at once (as TRL's async GRPO worker runs sync tools on
 a thread pool), in rounds whose sides alternate; the ratio is ours / theirs per round (target >=
-1.0), median and min-max. It needs TRL: run from a venv without it, the script runs itself under
+1.0), median and min-max. Both sides share the server, so the client's own cost is measured too:
+this process's CPU time per call (every thread's; the server is another process). It needs TRL: run from a venv without it, the script runs itself under
 ``.venv-trl/bin/python`` (built by ``.ci/trl.sh``) if that exists.
 
     python benchmarks/trl_spec.py [--reps 5] [--instances 64] [--calls 20] [--json out.json]
@@ -107,18 +108,20 @@ def checks(ours: Any, theirs: Any, tasks: int) -> dict[str, Any]:
     return {"rows": rows, "tools": sorted(schemas), "rewards": rewards["ours"]}
 
 
-def throughput(spec: Any, envs: list[Any], calls: int, pool: concurrent.futures.Executor) -> float:
-    """Tool calls per second: every instance reset on its own task, then ``calls`` calculator calls
-    each, from as many threads as instances."""
+def throughput(spec: Any, envs: list[Any], calls: int, pool: concurrent.futures.Executor) -> tuple[float, float]:
+    """Tool calls per second, and this process's CPU seconds per call (every thread's: the callers'
+    and the client's event loop; the server is another process): every instance reset on its own
+    task, then ``calls`` calculator calls each, from as many threads as instances."""
     expressions = [question(env.reset(**spec.train_dataset[k % len(spec.train_dataset)])) for k, env in enumerate(envs)]
 
     def work(k: int) -> None:
         for _ in range(calls):
             envs[k].calculator(expression=expressions[k])
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     list(pool.map(work, range(len(envs))))
-    return len(envs) * calls / (time.perf_counter() - start)
+    n = len(envs) * calls
+    return n / (time.perf_counter() - start), (time.process_time() - cpu) / n
 
 
 def main() -> None:
@@ -162,14 +165,17 @@ def main() -> None:
             sides = {"openenv_gym EnvSpec": (ours, [ours.environment_factory() for _ in range(args.instances)]),
                      "TRL OpenRewardSpec": (theirs, [theirs.environment_factory() for _ in range(args.instances)])}
             rates: dict[str, list[float]] = {name: [] for name in sides}
+            cpu: dict[str, list[float]] = {name: [] for name in sides}
             with concurrent.futures.ThreadPoolExecutor(args.instances) as pool:
                 for spec, envs in sides.values():
                     throughput(spec, envs, 2, pool)  # warm every path up
                 for r in range(args.reps):
                     for name in (sides if r % 2 == 0 else reversed(list(sides))):
-                        rates[name].append(throughput(*sides[name], args.calls, pool))
-                    print(f"  round {r}: " + "   ".join(f"{k} {v[-1]:7.0f}" for k, v in rates.items())
-                          + " tool calls/s", flush=True)
+                        rate, seconds = throughput(*sides[name], args.calls, pool)
+                        rates[name].append(rate)
+                        cpu[name].append(seconds)
+                    print(f"  round {r}: " + "   ".join(f"{k} {rates[k][-1]:7.0f} calls/s ({cpu[k][-1] * 1e6:,.0f} us CPU "
+                                                        "a call)" for k in sides), flush=True)
             for _, envs in sides.values():
                 for env in envs:
                     close = getattr(env, "_close", None)
@@ -180,15 +186,20 @@ def main() -> None:
     finally:
         procs.terminate(proc)
     mine, other = rates["openenv_gym EnvSpec"], rates["TRL OpenRewardSpec"]
+    mine_cpu, other_cpu = cpu["openenv_gym EnvSpec"], cpu["TRL OpenRewardSpec"]
     figures = [
         figure(f"EnvSpec vs TRL's OpenRewardSpec: tool calls/s, {args.instances} instances from "
                f"{args.instances} threads, same server", [a / b for a, b in zip(mine, other)], target=1.0),
         figure("EnvSpec tool calls/s", mine, unit="calls/s"),
         figure("OpenRewardSpec tool calls/s", other, unit="calls/s"),
+        figure("client CPU per tool call, EnvSpec vs OpenRewardSpec (lower: cheaper)",
+               [a / b for a, b in zip(mine_cpu, other_cpu)], higher_is_better=False),
+        figure("client CPU per tool call: EnvSpec", [c * 1e6 for c in mine_cpu], unit="us"),
+        figure("client CPU per tool call: OpenRewardSpec", [c * 1e6 for c in other_cpu], unit="us"),
     ]
     for f in figures:
         print(f"{f['name']}: {f['median']:.2f} ({f['min']:.2f} - {f['max']:.2f})")
-    write(args.json, figures, {"rates": rates, "checks": checked})
+    write(args.json, figures, {"rates": rates, "cpu_seconds_per_call": cpu, "checks": checked})
 
 
 if __name__ == "__main__":
