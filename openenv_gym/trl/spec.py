@@ -107,7 +107,6 @@ class EnvSpec:
         self.indices = None if indices is None else [int(i) for i in indices]
         self.weights = weights
         self._envs = {id: _Env(id, split, env_kwargs) for id in weights}  # every name checked before anything starts
-        self._closed = False
 
     # -- the three members TRL takes ---------------------------------------------------------------
     @cached_property
@@ -148,7 +147,6 @@ class EnvSpec:
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
         """End every episode and stop the servers and hosts the envs started. Idempotent."""
-        self._closed = True
         for env in self._envs.values():
             env.close()
 
