@@ -17,6 +17,7 @@ import inspect
 import keyword
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -316,6 +317,38 @@ def test_hundreds_of_instances_share_one_server_and_run_tool_calls_concurrently(
         assert len(ors_servers()) == 1
         servers = ors_servers()
     assert procs.wait_dead(servers, 20) == []
+
+
+_ANYTHING = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arguments=st.dictionaries(st.sampled_from(["expression", "answer", "other", "\ud800"]), _ANYTHING, max_size=3))
+def test_whatever_arguments_a_model_writes_the_tool_answers_in_text_and_the_episode_goes_on(arithmetic, arguments):
+    env = arithmetic.environment_factory()
+    prompt = env.reset(**arithmetic.train_dataset[0])
+    reply = env.calculator(**arguments)  # NaN, 10**30, lone surrogates, nesting, unknown names
+    assert isinstance(reply, str) and reply and env.error is None and not env.done
+    assert env.submit(answer=env.calculator(expression=question(prompt))) == "Correct!"
+
+
+def test_a_spec_never_closed_leaves_no_server_after_exit(tmp_path):
+    code = (
+        "import openenv_gym, os\n"
+        "from openenv_gym.testing import procs\n"
+        "from openenv_gym.trl import EnvSpec\n"
+        "spec = EnvSpec('openenv/Arithmetic-v0', num_tasks=2)\n"
+        "env = spec.environment_factory()\n"
+        "env.reset(**spec.train_dataset[0])\n"
+        "print(*[p for p in procs.descendants(os.getpid()) if 'ors_serve' in procs.cmdline(p)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    servers = [int(p) for p in out.stdout.split()]
+    assert servers and procs.wait_dead(servers, 20) == []
 
 
 def test_one_instance_refuses_a_second_thread_while_a_call_runs(arithmetic):
