@@ -340,7 +340,9 @@ class _Hosted(_Store):
     """Slots in blocks of ``per_host``, each block a shard in a host process under ``python``.
 
     The hosts are started as slots need them; a dead or hung host is replaced at the next request
-    to its block, and the replacement knows its slots' episodes were lost.
+    to its block, and the replacement knows its slots' episodes were lost. A host's shard has no
+    request that ends one session's episode, so a released slot's episode ends at the slot's next
+    reset or when the pool closes.
     """
 
     def __init__(self, spec: AdapterSpec, python: str | Interpreter, max_turns: int | None,
