@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# CI for examples/trl_grpo.py: TRL's GRPOTrainer on openenv/Arithmetic-v0 through its rollout_func
-# hook, with a tiny model built offline, on the CPU. Its own venv (.venv-trl): torch 2.13.0 CPU
-# first (pinned with +cpu so pip fails fast rather than fetch a CUDA build), then the `trl` extra;
-# about 80 s to install from nothing on the 2-core CI machine. Prints the example's figures for two
-# optimizer steps, then runs its tests.
+# CI for TRL's GRPOTrainer driving openenv_gym, with a tiny model built offline, on the CPU:
+# examples/trl_grpo.py (the rollout_func hook) and examples/trl_env_factory.py (environment_factory
+# through openenv_gym.trl.EnvSpec, on Arithmetic, a Verifiers env and a mixture), then their tests.
+# Its own venv (.venv-trl): torch 2.13.0 first, then the extras.
+#
+# torch: `pip install torch==2.13.0` takes that release from PyPI, whose wheel is a CPU build on
+# aarch64 and macOS and a CUDA build on Linux x86_64 (several GB with its nvidia-* packages; it runs
+# on the CPU too). A pip configured with a local CPU wheel of 2.13.0 (find-links) takes that one:
+# `==2.13.0` admits the `2.13.0+cpu` local version and pip prefers it. For the CPU build on Linux
+# x86_64 from PyTorch's own CPU index, set TORCH_INDEX_URL to that index (README, "Training with
+# TRL"); nothing else is fetched from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off TRL_EXPERIMENTAL_SILENCE=1
 python3 -m venv .venv-trl
-.venv-trl/bin/pip install -q 'torch==2.13.0+cpu'
-.venv-trl/bin/pip install -q -e '.[ors,trl,dev]'
-.venv-trl/bin/python -c "import importlib.metadata as m; print(*(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers')), sep=', ')"
+torch=(torch==2.13.0)
+if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch+=(--index-url "$TORCH_INDEX_URL"); fi
+.venv-trl/bin/pip install -q "${torch[@]}"
+.venv-trl/bin/pip install -q -e '.[ors,verifiers,trl,dev]'
+.venv-trl/bin/python -c "import importlib.metadata as m, torch; print(*(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers', 'verifiers')), 'CUDA build' if torch.version.cuda else 'CPU build', sep=', ')"
 .venv-trl/bin/python examples/trl_grpo.py --steps 2
-.venv-trl/bin/pytest -q tests/examples/test_trl_grpo.py
+.venv-trl/bin/python examples/trl_env_factory.py --env mixture --steps 2
+.venv-trl/bin/pytest -q tests/examples/test_trl_grpo.py tests/examples/test_trl_env_factory.py

@@ -46,6 +46,8 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("isolation", "isolation.py", ["--reps", "3"], ["--reps", "1", "--seconds", "1"], ["ors", "openreward"], 1800),
     ("view", "view_bench.py", ["--reps", "3"], ["--reps", "1", "--episodes", "10000", "--no-html"], ["playwright"], 1800),
     ("soak", "soak.py", ["--num-envs", "1024", "--minutes", "5"], ["--num-envs", "128", "--minutes", "0.5"], [], 1500),
+    # Runs itself under the TRL venv (.ci/trl.sh builds .venv-trl): the main venv has no TRL.
+    ("trl_spec", "trl_spec.py", ["--reps", "7"], ["--reps", "2", "--calls", "5", "--tasks", "8"], [], 1200),
 ]
 
 PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httpx", "ray", "ors-sdk", "openreward", "openenv",

@@ -75,21 +75,26 @@ CHAT_TEMPLATE = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained in memory: any text encodes, nothing is downloaded."""
+def tiny_tokenizer(vocab_size: int = 512, chat_template: str = CHAT_TEMPLATE,
+                   corpus: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained in memory: any text encodes, nothing is downloaded.
+
+    ``chat_template``: the template it renders conversations with; ``corpus``: more text to train
+    its merges on (the env's wording, so prompts stay short)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = [SYSTEM, CHAT_TEMPLATE, "Compute 12 * (7 - 3) + 45. You may use the `calculator` tool for "
+    corpus = [SYSTEM, chat_template, "Compute 12 * (7 - 3) + 45. You may use the `calculator` tool for "
               "intermediate steps. When done, call `submit` with the final integer answer.",
               '<tool_call>{"name": "calculator", "arguments": {"expression": "(17 + 4) * 3"}}</tool_call>',
-              '<tool_call>{"name": "submit", "arguments": {"answer": "63"}}</tool_call> Correct! Incorrect.']
+              '<tool_call>{"name": "submit", "arguments": {"answer": "63"}}</tool_call> Correct! Incorrect.',
+              *corpus]
     tok.train_from_iterator(corpus * 8, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=CHAT_TEMPLATE)
+                                   chat_template=chat_template)
 
 
 def tiny_model(tokenizer: PreTrainedTokenizerFast, hidden: int = 64, layers: int = 2) -> Qwen2ForCausalLM:

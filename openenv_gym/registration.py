@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NAMESPACE", "ADAPTERS", "needs", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS", "EXPECTED_SESSIONS",
-    "make_env", "make_vec", "register_all", "list_environments", "env_info", "env_id", "check_id",
+    "make_env", "make_vec", "check_make_kwargs", "register_all", "list_environments", "env_info", "env_id", "check_id",
 ]
 
 NAMESPACE = "openenv"
@@ -150,6 +150,14 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
     if python is not None:
         env_kwargs["python"] = python
     return spec, env_kwargs
+
+
+def check_make_kwargs(id: str, kwargs: dict[str, Any], *, vector: bool = False) -> None:
+    """Refuse, as ``gym.make(id, **kwargs)`` (or ``gym.make_vec``) would, any kwarg ``id`` cannot
+    take, before anything is built: for a caller that builds later (a session pool, a TRL spec)."""
+    spec = gym.spec(check_id(id))
+    given = {**(spec.kwargs or {}), **kwargs}
+    _adapter_and_env_kwargs(given.pop("adapter", None), given, also=VECTOR_KWARGS if vector else ())
 
 
 def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> Interpreter | None:

@@ -122,7 +122,7 @@ def test_a_dead_server_fails_the_call_typed_and_the_next_reset_recovers():
     try:
         slot = pool.lease()
         runtime.run_sync(slot.reset(seed=0), 60)
-        (adapter,) = pool._envs.adapters  # the in-process shard's one adapter
+        (adapter,) = pool.blocks[0].adapters  # the in-process shard's one adapter
         os.kill(adapter.server_pid(), signal.SIGKILL)
         with pytest.raises(ConnectionError):
             runtime.run_sync(slot.step(call("hint")), 60)
@@ -144,3 +144,23 @@ def test_close_leaves_no_server_and_refuses_more_work():
     assert procs.wait_dead(started, timeout=20) == []
     with pytest.raises(ValueError, match="closed"):
         pool.lease()
+
+
+def test_a_pool_without_a_size_grows_by_blocks_that_share_one_server():
+    before = set(procs.descendants())
+    with SessionPool("openenv/ORS-v0", block=2, **PROBE) as pool:
+        slots = [pool.lease() for _ in range(5)]
+        assert pool.capacity == 6 and len(pool.blocks) == 3
+        assert sorted(s.env_id for s in slots) == [0, 1, 2, 3, 4]
+
+        async def play(slot):
+            obs, _ = await slot.reset(seed=slot.env_id)
+            return (await slot.step(call("hint")))[0][0]["content"]
+
+        async def every():
+            return await asyncio.gather(*(play(s) for s in slots))
+
+        assert runtime.run_sync(every(), 120) == ["Think step by step."] * 5
+        servers = set(procs.descendants()) - before
+        assert len({a.server_pid() for b in pool.blocks for a in b.adapters}) == 1, "one server for every block"
+    assert procs.wait_dead(servers, timeout=20) == []

@@ -2,10 +2,12 @@
 
 It needs TRL (the ``trl`` extra, in its own venv: ``.ci/trl.sh`` builds it and runs this file).
 The first test runs the example as a user does (tiny model built offline, two optimizer steps).
-An untrained model never writes a valid tool call, so the second replaces only the sampling of
-tokens with a script that writes Hermes tool calls (half the submissions wrong): TRL, the trainer's
-tokenizer and model, openenv_gym and the Arithmetic server stay real, and what must hold is that
-the environment's replies are masked, its rewards are TRL's rewards and they move the weights.
+An untrained model never writes a valid tool call, so every reward there is 0, and so are the
+advantages, the loss and the update: that run shows the data path and that the steps run, not
+learning. The second replaces only the sampling of tokens with a script that writes Hermes tool
+calls (half the submissions wrong): TRL, the trainer's tokenizer and model, openenv_gym and the
+Arithmetic server stay real, and what must hold is that the environment's replies are masked, its
+rewards are TRL's rewards and they move the weights.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("trl")
+import torch  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 pytestmark = pytest.mark.timeout(600)
@@ -35,7 +38,7 @@ def example():
     return module
 
 
-def test_the_tiny_model_trains_two_steps_on_env_episodes(tmp_path):
+def test_the_example_runs_two_optimizer_steps_end_to_end_as_the_readme_says(tmp_path):
     figures = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "2", "--batch-size", "4", "--group-size", "2",
                            "--max-turns", "3", "--max-turn-tokens", "24", "--json", str(figures)],
@@ -81,8 +84,17 @@ def test_tool_calls_reach_the_env_and_its_rewards_drive_the_update(example, tmp_
         outputs.append((trainer.processing_class, out))
         return out
 
+    models = []
+    build = example.tiny_model
+
+    def kept(tokenizer):
+        model = build(tokenizer)
+        models.append((model, {name: p.detach().clone() for name, p in model.named_parameters()}))
+        return model
+
     monkeypatch.setattr(example, "generate", scripted)
     monkeypatch.setattr(example.EnvRollout, "__call__", recorded)
+    monkeypatch.setattr(example, "tiny_model", kept)
     figures = tmp_path / "run.json"
     example.main(["--steps", "2", "--batch-size", "8", "--group-size", "4", "--json", str(figures)])
     steps = [log for log in json.loads(figures.read_text())["log_history"] if "loss" in log]
@@ -103,3 +115,7 @@ def test_tool_calls_reach_the_env_and_its_rewards_drive_the_update(example, tmp_
             assert (submitted == int(re.search(r"tool\n(-?\d+)", env).group(1))) == (reward == 1.0)
     mixed = [step for step in steps if 0 < step["rewards/env_reward/mean"] < 1]
     assert mixed and all(step["grad_norm"] > 0 for step in mixed)
+    # A gradient is not yet an update (a zero learning rate, a frozen model): the weights must move.
+    (model, before), = models
+    changed = [name for name, p in model.named_parameters() if not torch.equal(before[name], p.detach())]
+    assert changed, "two optimizer steps with differing rewards left every weight unchanged"
