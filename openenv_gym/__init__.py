@@ -7,18 +7,18 @@ no plugins by itself::
     import gymnasium as gym, openenv_gym
     env = gym.make("openenv/Arithmetic-v0")
     obs, info = env.reset(seed=0)
+
+Registering needs only the ids' recipes; the classes (envs, vector envs, wrappers...) are imported
+when first used, so ``import openenv_gym`` costs little more than ``import gymnasium``.
 """
 
 from __future__ import annotations
 
-from openenv_gym import errors
-from openenv_gym.processes import tune_gc
-from openenv_gym.env import AgentEnv
-from openenv_gym.registration import env_info, list_environments, register_all
-from openenv_gym.spaces import AssistantAction, Messages
-from openenv_gym.wire import Opening, Outcome, Split, TaskRef, ToolSpec
-from openenv_gym.wrappers import ContextManagement
+import importlib
+from typing import Any
 
+from openenv_gym import errors
+from openenv_gym.registration import env_info, list_environments, register_all
 from openenv_gym.version import __version__
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Messages",
     "Opening",
     "Outcome",
+    "SessionPool",
     "Split",
     "TaskRef",
     "ToolSpec",
@@ -37,15 +38,36 @@ __all__ = [
     "make_mixture",
     "register_all",
     "tune_gc",
+    "__version__",
 ]
+
+_LAZY = {
+    "AgentEnv": "openenv_gym.env",
+    "AssistantAction": "openenv_gym.spaces",
+    "Messages": "openenv_gym.spaces",
+    "ContextManagement": "openenv_gym.wrappers",
+    "Opening": "openenv_gym.wire",
+    "Outcome": "openenv_gym.wire",
+    "Split": "openenv_gym.wire",
+    "TaskRef": "openenv_gym.wire",
+    "ToolSpec": "openenv_gym.wire",
+    "SessionPool": "openenv_gym.pool",
+    "make_mixture": "openenv_gym.mixture",
+    "tune_gc": "openenv_gym.processes",
+}
+"""Public names imported on first use (module that defines each)."""
 
 register_all()
 
 
-def __getattr__(name: str) -> object:
-    # make_mixture is imported on first use: `import openenv_gym` stays light.
-    if name == "make_mixture":
-        from openenv_gym.mixture import make_mixture
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return make_mixture
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -24,12 +24,13 @@ from typing import NamedTuple
 
 import msgspec
 
+from typing import TYPE_CHECKING
+
 from openenv_gym import backends
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
-from openenv_gym.importers.fleet import detect_fleet_tasks
-from openenv_gym.importers.openenv import detect_openenv
-from openenv_gym.importers.ors import EnvClassInfo, ToolInfo, detect_ors
-from openenv_gym.importers.verifiers import detect_verifiers
+
+if TYPE_CHECKING:
+    from openenv_gym.importers.ors import EnvClassInfo, ToolInfo
 
 __all__ = ["Detected", "DETECTORS", "precedence", "detect", "ors_source", "fleet_source", "verifiers_source",
            "openenv_source"]
@@ -94,6 +95,10 @@ def _pick(envs: list[EnvClassInfo], env_class: str | None, where: Path) -> EnvCl
 
 def ors_source(source: Path, env_class: str | None) -> Detected:
     """The ORS environment class ``source`` serves (DetectionError: none, or the server would refuse it)."""
+    # Each kind's reader is imported when a source is read: registering the ids at `import
+    # openenv_gym` reads none.
+    from openenv_gym.importers.ors import detect_ors
+
     found = detect_ors(source)
     if not found.envs:
         skipped = ""
@@ -130,6 +135,8 @@ def ors_source(source: Path, env_class: str | None) -> Detected:
 
 def fleet_source(source: Path, env_class: str | None) -> Detected:
     """The Fleet task set ``source`` holds."""
+    from openenv_gym.importers.fleet import detect_fleet_tasks
+
     if env_class is not None:
         raise DetectionError("a Fleet task set has no environment classes; drop --env-class")
     tasks, _splits = detect_fleet_tasks(source)
@@ -139,6 +146,8 @@ def fleet_source(source: Path, env_class: str | None) -> Detected:
 
 def verifiers_source(source: Path, env_class: str | None) -> Detected:
     """The Verifiers environment (either generation) ``source`` defines."""
+    from openenv_gym.importers.verifiers import detect_verifiers
+
     found = detect_verifiers(source)
     if env_class is not None and env_class != found.entry:
         raise DetectionError(f"{source} defines {found.entry}, not {env_class!r}")
@@ -148,6 +157,8 @@ def verifiers_source(source: Path, env_class: str | None) -> Detected:
 
 def openenv_source(source: Path, env_class: str | None) -> Detected:
     """The OpenEnv environment folder ``source`` is."""
+    from openenv_gym.importers.openenv import detect_openenv
+
     found = detect_openenv(source)
     if env_class is not None and env_class != found.app:
         raise DetectionError(f"{source} serves {found.app}, not {env_class!r}")
