@@ -432,10 +432,15 @@ def test_load_errors_are_configuration_errors():
 
 def test_env_id_and_signal_handlers_are_kept():
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    path = list(sys.path)
     adapter = VerifiersV0Adapter(env_id="someorg/vf-arith", source=ARITH)  # vf maps the id to vf_arith
-    assert adapter.env.env_id == "someorg/vf-arith"
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-    assert str(ENVS) in sys.path and sys.path.count(str(ENVS)) == 1
+    try:
+        assert adapter.env.env_id == "someorg/vf-arith"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+        assert sys.path.count(str(ENVS)) == 1
+    finally:
+        runtime.run_sync(adapter.aclose(), 30)
+    assert sys.path == path  # the source's folder is held while some adapter of it is open
 
 
 def test_source_layouts_and_a_shadowing_module(tmp_path):

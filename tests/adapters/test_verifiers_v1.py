@@ -19,7 +19,6 @@ Runs in the venv with verifiers 0.4 (and on 0.3.1's ``verifiers.v1``); skipped w
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import sys
@@ -44,6 +43,7 @@ except ConfigurationError as _exc:
 
 from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
+from openenv_gym.adapters.verifiers_process import importable  # noqa: E402
 from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
@@ -51,7 +51,6 @@ from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
 ARITH, CALC = ENVS / "vf1_arith", ENVS / "vf1_calc"
 SHARED = {"task": {"shared_tools": True}}
-v1mod._add_import_root(ENVS)  # the library's own runs (the reference) import the tasksets too
 
 Policy = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -160,6 +159,13 @@ def wait_tasks(before: set[int], timeout: float = 10.0) -> set[int]:
 
 
 # -- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def importable_tasksets() -> Iterator[None]:
+    """The library's own runs (the reference) import the tasksets by name."""
+    with importable(ENVS):
+        yield
+
 
 @pytest.fixture(scope="module")
 def arith_env() -> Iterator[AgentEnv]:
