@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
-from openenv_gym.importers.discovery import cache_dir, cached_scan, top_modules
+from openenv_gym.importers.discovery import cache_dir, cached_scan, module_locations
 from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
 
 __all__ = [
@@ -406,25 +406,13 @@ def _depends_on_verifiers(dist: metadata.Distribution) -> bool:
     return any(_REQ.match(r) and "extra ==" not in r for r in dist.requires or ())
 
 
-def _locate(dist: metadata.Distribution, module: str, paths: list[str]) -> Path | None:
-    for entry in paths:
-        base = Path(entry or ".")
-        for cand in (base / module / "__init__.py", base / f"{module}.py"):
-            if cand.is_file():
-                return cand.parent if cand.name == "__init__.py" else cand
-    return None
-
-
 def _scan(paths: list[str]) -> list[dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
     for dist in metadata.distributions(path=paths):
         name = dist.metadata.get("Name")
         if not name or name.lower() in found or not _depends_on_verifiers(dist):
             continue
-        for module in top_modules(dist):
-            where = _locate(dist, module, paths)
-            if where is None:
-                continue
+        for where in module_locations(dist, paths).values():
             try:
                 hit = detect_verifiers(where)
             except DetectionError:
