@@ -395,7 +395,8 @@ def test_the_handoff_serves_calls_in_order_one_at_a_time() -> None:
         rollout.set_result(None)  # the rollout ended instead of calling again
         assert await handoff.next_call(rollout) is None
         router.unbind("trace-1", handoff)
-        with pytest.raises(Exception, match="no live openenv_gym episode") as info:
+        # The library's interception server turns a ProviderError into an HTTP answer to the harness.
+        with pytest.raises(vf.ProviderError, match="no live openenv_gym episode") as info:
             await router.answer({"n": 3}, "trace-1")
         assert getattr(info.value, "status_code", None) == 409  # the harness must not retry it
 
@@ -483,3 +484,16 @@ def test_source_layouts(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="cannot tell the taskset module"):
         _resolve_source(tmp_path / "empty")
     assert VerifiersV1Adapter(source=project).env_id == "my_env"
+
+
+def test_a_taskset_whose_own_import_fails_says_what_failed(tmp_path: Path) -> None:
+    """The library reports any ModuleNotFoundError met while importing a taskset as "taskset not
+    found"; the adapter reports the error that really happened (a dependency the project declares)."""
+    pkg = _package(tmp_path, "vf1_needs_figures", "import no_such_dependency_xyz\n" + (ARITH / "__init__.py").read_text())
+    adapter = VerifiersV1Adapter(source=pkg)
+    try:
+        with pytest.raises(ConfigurationError, match="No module named 'no_such_dependency_xyz'") as info:
+            runtime.run_sync(adapter.start(), 60)
+        assert "not found" not in str(info.value)
+    finally:
+        runtime.run_sync(adapter.aclose(), 60)
