@@ -18,6 +18,11 @@ needs it and undone when the last of them closes (:meth:`ProcessState.acquire` /
 while a v0 env is built, the library's module sees ``signal``/``atexit`` stand-ins that record,
 for the building thread only, what it would install; no handler of the process changes, and the
 env's teardown is registered with ``atexit`` only until its adapter closes.
+
+One more thing outlives the library's own launches: each v1 tool server it starts writes its port
+to ``/tmp/vf-port-<hex>`` (``MCP_PORT_FILE``), which nothing removes. :data:`PORT_FILES` notes
+the port files of the tool servers this process started (read from their environment in
+``/proc``) and removes each once its server has exited.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["STATE", "ProcessState", "V0Construction", "building_v0_env", "importable"]
+__all__ = ["PORT_FILES", "STATE", "PortFiles", "ProcessState", "V0Construction", "building_v0_env", "importable"]
 
 
 def _under(path: str | None, root: Path) -> bool:
@@ -181,6 +186,85 @@ def importable(root: str | os.PathLike[str], *, pythonpath: bool = True) -> Iter
         yield path
     finally:
         STATE.release(path, pythonpath=pythonpath)
+
+
+# -- the library's port files -----------------------------------------------------------------------
+
+class PortFiles:
+    """The ``MCP_PORT_FILE`` files of tool servers this process launched, removed once their server
+    has exited (the library reads each once, right after the server writes it, and never removes it).
+
+    Linux (``/proc``); elsewhere nothing is noted. Only files named in the environment of this
+    process's own descendants are touched, so another process's launches are never disturbed.
+    """
+
+    VARIABLE = b"MCP_PORT_FILE="
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, int] = {}  # port file -> the pid of the server that writes it
+
+    def note(self) -> None:
+        """Note the port files of the tool servers now running under this process."""
+        found = {}
+        for pid in _descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    environ = fh.read().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(self.VARIABLE):
+                    found[os.fsdecode(item[len(self.VARIABLE):])] = pid
+        with self._lock:
+            self._files.update(found)
+
+    def sweep(self) -> list[str]:
+        """Remove the noted files whose server has exited; the files removed."""
+        with self._lock:
+            gone = [f for f, pid in self._files.items() if not _alive(pid)]
+            for f in gone:
+                del self._files[f]
+        for f in gone:
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+        return gone
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (the state, then the parent's pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _descendants(root: int) -> list[int]:
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    children: dict[int, list[int]] = {}
+    for entry in entries:
+        fields = _stat(entry)
+        if fields is not None and len(fields) > 1 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+PORT_FILES = PortFiles()
+"""The port files of the library's tool servers launched by this process."""
 
 
 # -- building a legacy (v0) environment -----------------------------------------------------------

@@ -78,7 +78,7 @@ from openenv_gym.adapters.verifiers_v1_compat import (
 )
 from openenv_gym.adapters.verifiers_v1_compat import import_v1 as _import_v1
 from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
-from openenv_gym.adapters.verifiers_process import STATE
+from openenv_gym.adapters.verifiers_process import PORT_FILES, STATE
 from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
 from openenv_gym.adapters.verifiers_v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound
@@ -272,6 +272,11 @@ class VerifiersV1Adapter(Adapter):
 
     def episode(self) -> VerifiersV1Episode:
         return VerifiersV1Episode(self)
+
+    @property
+    def rollout_tools(self) -> bool:
+        """Whether each rollout starts tool servers of its own (once started)."""
+        return self._servers is not None and self._servers.rollout_tools
 
     @property
     def transport_used(self) -> str | None:
@@ -486,6 +491,8 @@ class VerifiersV1Episode(Episode):
             error = error or self._error(trace)
             what = f"{error['type']}: {error['message']}" if error else f"stop condition {trace.stop_condition!r}"
             raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call ({what})")
+        if adapter.rollout_tools:  # its tool servers are up and their ports read by now
+            await asyncio.to_thread(PORT_FILES.note)
         messages = list(call.body.get("messages") or [])
         self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
         self._tools_raw = call.body.get("tools")
@@ -566,6 +573,8 @@ class VerifiersV1Episode(Episode):
         for trace_id in self._trace_ids:
             adapter.router.unbind(trace_id, self._handoff)
         self._handoff.close()
+        if adapter.rollout_tools:
+            PORT_FILES.sweep()  # the port files of tool servers that have exited, this rollout's included
 
     # -- internals -------------------------------------------------------------------------------
     def _on_trace(self, trace: Any) -> None:

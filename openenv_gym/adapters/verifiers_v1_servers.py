@@ -33,6 +33,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from openenv_gym.adapters.verifiers_process import PORT_FILES
 from openenv_gym.adapters.verifiers_v1_compat import episode_record, library_exit
 from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, play_episode, seat_agent_class
 from openenv_gym.adapters.verifiers_v1_handoff import CallRouter
@@ -76,6 +77,8 @@ class RolloutServers:
         self._stop: asyncio.Event | None = None
         self.transport: str | None = None
         """The transport in use (``"inject"`` or ``"http"``) once started."""
+        self.rollout_tools = False
+        """Whether the taskset's tasks start tool servers of their own (per rollout), once started."""
 
     @property
     def running(self) -> bool:
@@ -142,8 +145,11 @@ class RolloutServers:
             # config's own agent seat (a remote Prime runtime by default), not from ours.
             async with (serve_shared(servers, harness_is_local=harness_is_local) if servers
                         else _no_shared()) as shared:
+                if servers:
+                    await asyncio.to_thread(PORT_FILES.note)
                 task_cls = type(taskset).task_type()
                 configs = [s.config for s in task_cls.toolsets(taskset.config.task)]
+                self.rollout_tools = bool(configs)
                 kwargs = {
                     "requires_tunnel": requires_tunnel(harness_is_local, configs, shared.values()),
                     "state_service_secrets": tuple(s.state_secret for s in shared.values()
@@ -193,6 +199,7 @@ class RolloutServers:
             self._shared = {}
             if http is not None:
                 await http.stop()
+            PORT_FILES.sweep()
 
 
 @contextlib.asynccontextmanager

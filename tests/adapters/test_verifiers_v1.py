@@ -497,3 +497,33 @@ def test_a_taskset_whose_own_import_fails_says_what_failed(tmp_path: Path) -> No
         assert "not found" not in str(info.value)
     finally:
         runtime.run_sync(adapter.aclose(), 60)
+
+
+def port_files() -> set[str]:
+    """The port files (``MCP_PORT_FILE``) named in the environment of this process's tool servers."""
+    found = set()
+    for pid in descendants():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found |= {item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"MCP_PORT_FILE=")}
+    return found
+
+
+@pytest.mark.parametrize("env_args", [{}, SHARED], ids=["per-rollout", "shared"])
+def test_no_port_file_of_the_librarys_tool_servers_is_left_behind(env_args: dict) -> None:
+    """Each tool server the library starts writes its port to /tmp/vf-port-<hex>, which the library
+    never removes: the adapter removes those of the servers it had started, once they exit."""
+    env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=env_args))
+    seen: set[str] = set()
+    try:
+        for index in ((0,) if env_args else (0, 1)):  # a second reset abandons the first rollout
+            env.reset(options={"index": index})
+            files = port_files()
+            assert files and all(Path(f).is_file() for f in files)
+            seen |= files
+    finally:
+        env.close()
+    assert len(seen) == (1 if env_args else 2)  # one shared server, or one per rollout
+    assert not [f for f in seen if Path(f).exists()]
