@@ -129,6 +129,10 @@ class VerifiersV1Adapter(Adapter):
             requires a newer ``verifiers``, is refused with a ConfigurationError.
         env_args: taskset config knobs (``--env.taskset.*``). A ``split`` knob typed as a
             ``Literal`` makes one split per value; without one there is a single ``train`` split.
+        env_config: the env's own knobs (``--env.*``: the fields of its ``EnvConfig``, e.g.
+            ``{"attempts": 1}``, or ``{"id": "best-of-n", "n": 1}`` to play the taskset in a
+            built-in env). Its agent seat's settings are the adapter's (``harness``,
+            ``max_turns``, ``timeouts``, ...), except a harness the seat pins.
         harness: harness id or config dict (``{"id": "bash", ...}``). Default: the harness the
             taskset package exports, else ``null`` (a plain chat loop that runs MCP tools).
         max_turns: the library's own turn limit (``AgentConfig.max_turns``): the rollout stops
@@ -173,6 +177,7 @@ class VerifiersV1Adapter(Adapter):
         env_id: str | None = None,
         source: str | os.PathLike | None = None,
         env_args: dict[str, Any] | None = None,
+        env_config: dict[str, Any] | None = None,
         harness: str | dict[str, Any] | None = None,
         max_turns: int | None = None,
         timeouts: dict[str, float | None] | None = None,
@@ -205,6 +210,9 @@ class VerifiersV1Adapter(Adapter):
             self._import_root, module = found.root, found.module
         self.env_id = env_id or module or ""
         self.env_args = dict(env_args or {})
+        self.env_config = dict(env_config or {})
+        if "taskset" in self.env_config:
+            raise ConfigurationError("env_config holds the env's own knobs; give the taskset's as env_args")
         self.harness = harness
         self.max_turns = max_turns
         self.timeouts = dict(timeouts or {})
@@ -321,7 +329,7 @@ class VerifiersV1Adapter(Adapter):
             check_source_compat(self.source.resolve(), vf)
             root = self._import_root
             self._hold(lambda: STATE.acquire(root, pythonpath=True), lambda: STATE.release(root, pythonpath=True))
-        config_data: dict[str, Any] = {"taskset": {"id": self.env_id, **self.env_args}}
+        config_data: dict[str, Any] = {**self.env_config, "taskset": {"id": self.env_id, **self.env_args}}
         try:
             env = vf.load_environment(vf.resolve_env_config(config_data))
         except ConfigurationError:

@@ -37,7 +37,8 @@ __all__ = ["EpisodeResult", "SecondRollout", "agent_seats", "check_single_agent"
 
 SECOND_ROLLOUT = (
     "this env starts its agent more than once per episode (best-of-n with n > 1, or a retry of its "
-    "own); a Gymnasium episode is one conversation of one agent: configure the env for one attempt"
+    "own); a Gymnasium episode is one conversation of one agent: configure the env for one attempt "
+    "with env_config= (its EnvConfig knobs, e.g. {'n': 1} or {'attempts': 1})"
 )
 
 

@@ -184,14 +184,20 @@ def test_multi_agent_envs_are_refused_at_import_and_at_make(tmp_path: Path) -> N
 
 
 def test_an_env_that_starts_its_agent_twice_is_a_configuration_error(tmp_path: Path) -> None:
-    """best-of-n with n > 1 plays several conversations per episode: not one Gymnasium episode."""
+    """best-of-n with n > 1 plays several conversations per episode: not one Gymnasium episode.
+    Configured for one attempt (``env_config``: the env's own knobs), it plays."""
     pkg = tmp_path / "vf1_twice"
     pkg.mkdir()
     arith = (ENVS / "vf1_arith" / "__init__.py").read_text().replace('__all__ = ["ArithTaskset"]', "")
     (pkg / "__init__.py").write_text(arith + textwrap.dedent("""
-        class TwiceEnv(vf.SingleAgentEnv):
+        class TwiceConfig(vf.EnvConfig):
+            agent: vf.AgentConfig = vf.AgentConfig()
+            attempts: int = 2
+
+
+        class TwiceEnv(vf.Env[TwiceConfig]):
             async def run(self, task, agents):
-                for _ in range(2):
+                for _ in range(self.config.attempts):
                     await agents.agent.run(task)
 
         __all__ = ["TwiceEnv", "ArithTaskset"]
@@ -200,9 +206,16 @@ def test_an_env_that_starts_its_agent_twice_is_a_configuration_error(tmp_path: P
     try:
         obs, _ = env.reset(options={"index": 0})
         assert obs[-1]["content"] == "What is 2 + 3?"
-        with pytest.raises(ConfigurationError, match="more than once per episode"):
+        with pytest.raises(ConfigurationError, match=r"more than once per episode.*env_config="):
             env.step("5")
         obs, _ = env.reset(options={"index": 1})  # the env stays usable
         assert obs[-1]["content"] == "What is 6 * 7?"
+    finally:
+        env.close()
+    env = AgentEnv(VerifiersV1Adapter(source=pkg, env_config={"attempts": 1}))
+    try:
+        env.reset(options={"index": 0})
+        _, reward, terminated, truncated, info = env.step("5")
+        assert (reward, terminated, truncated, info["stop_condition"]) == (1.0, True, False, "agent_completed")
     finally:
         env.close()
