@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -636,3 +637,21 @@ def test_tool_specs_follow_the_tools_each_episode_gets():
     assert [s.name for s in cache.specs([add, mul])] == ["add", "mul"]  # a tool added
     assert [s.name for s in cache.specs([mul])] == ["mul"]  # another set
     assert cache.specs(None) == [] and cache.specs([]) == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "openenv_gym/runtime.py: AgentEnv.__del__ hands the close to CallerLoop.close_later, which goes "
+    "through runtime.close_later; when the runtime loop was never started (a script that only plays "
+    "a legacy env) that closes the wrapper coroutine unstarted, so AgentEnv._aclose is never awaited "
+    "and the CallerLoop, never shut down, is collected with the rollout task pending"))
+def test_dropping_an_unclosed_env_in_a_fresh_process_prints_nothing(tmp_path):
+    script = (
+        "import gc, gymnasium as gym, openenv_gym\n"
+        f"env = gym.make('openenv/Verifiers-v0', source={GUESS!r})\n"
+        "env.reset(options={'index': 0})\n"
+        "del env\n"
+        "gc.collect()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "was never awaited" not in done.stderr and "Task was destroyed" not in done.stderr, done.stderr
