@@ -22,8 +22,9 @@ from openenv_gym.errors import ConfigurationError
 __all__ = ["MIN_VERSION", "REQUIRED_NAMES", "check_source_compat", "episode_record", "guarded", "guarded_async",
            "import_v1", "installed_version", "library_exit", "translate_load_error"]
 
-MIN_VERSION = "0.2"
-"""The first release whose ``verifiers.v1`` has the Taskset/Agent/interception shape used here."""
+MIN_VERSION = "0.3"
+"""The first release whose ``verifiers.v1`` has the Taskset/Agent/Env shape used here (0.2's
+``verifiers.v1`` has tasksets but no ``Agent`` nor ``Env`` seats)."""
 
 REQUIRED_NAMES = (
     "Agent", "AgentConfig", "Agents", "Env", "Episode", "SingleAgentEnv", "SubprocessConfig",

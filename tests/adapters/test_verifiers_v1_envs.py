@@ -219,3 +219,49 @@ def test_an_env_that_starts_its_agent_twice_is_a_configuration_error(tmp_path: P
         assert (reward, terminated, truncated, info["stop_condition"]) == (1.0, True, False, "agent_completed")
     finally:
         env.close()
+
+
+def test_a_promptless_task_is_opened_by_the_envs_first_user_turn(tmp_path: Path) -> None:
+    """As verifiers' alphabet_sort_v1: the task has no prompt; every user turn is the env's."""
+    pkg = tmp_path / "vf1_sorting"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent('''
+        import verifiers.v1 as vf
+
+
+        class SortData(vf.TaskData):
+            info: dict
+
+
+        class SortTask(vf.Task[SortData]):
+            @vf.reward(weight=1.0)
+            async def sorted_all(self, trace: vf.Trace) -> float:
+                return float(trace.last_reply.split() == sorted(sum(self.data.info["turns"], [])))
+
+
+        class SortEnv(vf.SingleAgentEnv):
+            async def run(self, task, agents):
+                async with agents.agent.interaction(task) as interaction:
+                    for names in task.data.info["turns"]:
+                        if (await interaction.turn("Add and sort: " + " ".join(names))).terminated:
+                            break
+
+
+        class SortTaskset(vf.Taskset[SortTask, vf.TasksetConfig]):
+            def load(self):
+                return [SortTask(SortData(name="sort-0", prompt=None, info={"turns": [["kim", "al"], ["bo"]]}),
+                                 self.config.task)]
+
+
+        __all__ = ["SortEnv", "SortTaskset"]
+    '''))
+    env = AgentEnv(VerifiersV1Adapter(source=pkg))
+    try:
+        obs, _ = env.reset(options={"index": 0})
+        assert obs[-1] == {"role": "user", "content": "Add and sort: kim al"}
+        obs, reward, terminated, truncated, _ = env.step("al kim")
+        assert (obs, reward, terminated, truncated) == ([{"role": "user", "content": "Add and sort: bo"}], 0.0, False, False)
+        obs, reward, terminated, truncated, info = env.step("al bo kim")
+        assert (obs, reward, terminated, truncated, info["stop_condition"]) == ([], 1.0, True, False, "user_closed")
+    finally:
+        env.close()
