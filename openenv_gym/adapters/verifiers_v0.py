@@ -366,8 +366,9 @@ class VerifiersV0Adapter(Adapter):
             :func:`openenv_gym.importers.verifiers.resolve_source` accepts. Its folder (or the
             package's parent) is put on ``sys.path`` unless already there, the module name
             comes from the path, and the module is imported from that file (replacing a
-            same-named module from elsewhere in ``sys.modules``), until :meth:`aclose`. ``env_id``, if also given, is what ``vf.load_environment`` gets
-            (and records as ``env.env_id``); it must name the same module.
+            same-named module from elsewhere in ``sys.modules``), until :meth:`aclose`.
+            ``env_id``, if also given, is what ``vf.load_environment`` gets (and records as
+            ``env.env_id``); it must name the same module.
         env_args: keyword arguments for the module's ``load_environment``.
         timeout_seconds: overrides the env's ``timeout_seconds`` (``None``: keep the env's;
             ``math.inf``: no limit). See "Timeouts" below.

@@ -216,7 +216,8 @@ def _hook_mapping(text: str) -> dict[str, Path]:
                         and isinstance(v.value, str) and "." not in k.value:
                     out[k.value] = _module_path(Path(v.value))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "map_module" \
-                and len(node.args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
+                and len(node.args) == 2 \
+                and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
             name, target = node.args[0].value, node.args[1].value  # type: ignore[attr-defined]
             if "." not in name:
                 out[name] = _module_path(Path(target))

@@ -179,7 +179,8 @@ def _config_seats(pkg: Path, mod: Module, node: ast.ClassDef, depth: int = 0) ->
     if depth > 6:
         return None
     seats = [t.target.id for t in node.body
-             if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name) and _qual(mod, t.annotation) in _AGENT_CONFIG]
+             if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+             and _qual(mod, t.annotation) in _AGENT_CONFIG]
     for base in node.bases:
         if _qual(mod, base) in _ENV_CONFIG:
             continue
