@@ -166,10 +166,11 @@ async def play_episode(vf: Any, env: Any, task: Any, make_seat: Callable[[Episod
     agents = vf.Agents(env.config, lambda name, spec: seat if name == seat_name else None)
     timeouts = getattr(env.config, "timeout", None)
     name = type(env).__name__
-    hook, limit = "run()", asyncio.timeout(getattr(timeouts, "episode", None))
+    hook, limit = "setup()", asyncio.timeout(getattr(timeouts, "episode", None))
     try:
         async with limit:
             await env.setup(agents)
+            hook = "run()"
             await env.run(task, agents)
         if type(env).finalize is not vf.Env.finalize and result.traces and not result.second_rollout:
             hook, limit = "finalize()", asyncio.timeout(getattr(timeouts, "finalize", None))

@@ -265,3 +265,28 @@ def test_a_promptless_task_is_opened_by_the_envs_first_user_turn(tmp_path: Path)
         assert (obs, reward, terminated, truncated, info["stop_condition"]) == ([], 1.0, True, False, "user_closed")
     finally:
         env.close()
+
+
+def test_a_failing_env_hook_ends_the_episode_truncated_with_its_error(tmp_path: Path) -> None:
+    """The env's own run() raising after the agent's turn fails the episode, as under the library's
+    runner: truncated, the error in info (never a silent success)."""
+    pkg = tmp_path / "vf1_flaky"
+    pkg.mkdir()
+    arith = (ENVS / "vf1_arith" / "__init__.py").read_text().replace('__all__ = ["ArithTaskset"]', "")
+    (pkg / "__init__.py").write_text(arith + textwrap.dedent("""
+        class FlakyEnv(vf.SingleAgentEnv):
+            async def run(self, task, agents):
+                await agents.agent.run(task)
+                raise RuntimeError("the grading service is down")
+
+        __all__ = ["FlakyEnv", "ArithTaskset"]
+    """))
+    env = AgentEnv(VerifiersV1Adapter(source=pkg))
+    try:
+        env.reset(options={"index": 0})
+        obs, reward, terminated, truncated, info = env.step("5")
+    finally:
+        env.close()
+    assert (obs, terminated, truncated, info["ok"]) == ([], False, True, False)
+    assert info["error"] == {"type": "RuntimeError", "message": "FlakyEnv.run(): the grading service is down"}
+    assert reward == 1.0 and info["rewards"] == {"exact_match": 1.0}  # the trace itself was scored
