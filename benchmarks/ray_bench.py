@@ -74,7 +74,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
     import gymnasium as gym
 
     import openenv_gym  # noqa: F401
-    from openenv_gym.testing.procs import children as _children
+    from openenv_gym.processes import children as _children
 
     server = gym.make("openenv/Arithmetic-v0")
     url = server.unwrapped.adapter._server.url
@@ -137,7 +137,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
 
 # -- the issue-13 figures: PSS at 64 and 256, added latency at 64 -------------------------------------
 def _tree_pss(pids: set[int]) -> float:
-    from openenv_gym.testing.procs import children as _children
+    from openenv_gym.processes import children as _children
 
     pids = pids | {c for p in list(pids) for c in _children(p)}
     return sum(_pss_kib(p) for p in pids) / 1024

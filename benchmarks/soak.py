@@ -34,7 +34,7 @@ from typing import Any
 import gymnasium as gym
 
 import openenv_gym  # noqa: F401  (registers the ids)
-from openenv_gym.testing.procs import descendants, rss_kib
+from openenv_gym.processes import descendants, rss_kib
 
 
 def sample() -> dict[str, Any]:

@@ -317,7 +317,7 @@ def test_tune_gc_collects_less_often_but_still_frees_garbage_cycles():
         import gc, weakref
         import openenv_gym
         openenv_gym.tune_gc()
-        from openenv_gym.adapters.ors_serve import GC_THRESHOLDS
+        from openenv_gym.processes import GC_THRESHOLDS
         assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
         freed = []
         class Node: pass

@@ -44,11 +44,11 @@ import json
 import math
 import operator
 import os
-import signal
 import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ import msgspec
 
 from openenv_gym.actions import ParsedCall, Turn, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.verifiers_process import STATE, building_v0_env
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -169,55 +170,6 @@ def _queue_client_class() -> type:
     return AgentClient
 
 
-# -- construction in any thread ----------------------------------------------------------------------
-
-_signal_lock = threading.Lock()
-_signal_depth = 0
-_signal_saved: Any = None
-
-
-def _signal_from_any_thread(signalnum: int, handler: Any) -> Any:
-    """``signal.signal`` that ignores calls from non-main threads (which would raise) instead."""
-    if threading.current_thread() is threading.main_thread():
-        return _signal_saved(signalnum, handler)
-    return signal.getsignal(signalnum)
-
-
-@contextlib.contextmanager
-def _keep_signal_handlers() -> Iterator[None]:
-    """Build a v0 env without losing this process's SIGINT/SIGTERM handlers.
-
-    ``Environment.__post_init__`` calls ``signal.signal(SIGINT/SIGTERM, ...)``: in the main thread
-    that replaces the process's handlers (SIGTERM would ``exit(143)`` through the env's
-    teardown), off the main thread it raises. In the main thread the previous handlers are saved
-    and put back; elsewhere ``signal.signal`` is swapped, for the duration, for a version that
-    ignores non-main-thread calls (main-thread calls still go through, so a concurrent
-    ``signal.signal`` in the main thread is unaffected).
-    """
-    global _signal_depth, _signal_saved
-    if threading.current_thread() is threading.main_thread():
-        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in saved.items():
-                if handler is not None:  # None: a handler not installed from Python; leave it
-                    signal.signal(s, handler)
-        return
-    with _signal_lock:
-        if _signal_depth == 0:
-            _signal_saved = signal.signal
-            signal.signal = _signal_from_any_thread  # type: ignore[assignment]
-        _signal_depth += 1
-    try:
-        yield
-    finally:
-        with _signal_lock:
-            _signal_depth -= 1
-            if _signal_depth == 0:
-                signal.signal = _signal_saved  # type: ignore[assignment]
-
-
 _quiet_lock = threading.Lock()
 _quiet_depth = 0
 _quiet_restore = False
@@ -264,15 +216,14 @@ def _quiet_datasets() -> Iterator[None]:
 def _import_source(found: SourceModule) -> None:
     """Import the source's file as its module unless that exact file is already imported under the name.
 
-    Its folder (a package's parent) goes on ``sys.path`` first, unless already there, so the
-    module's own sibling imports work. Loading from the file (rather than by name through
-    ``sys.path``) means the source given is the one used even when another folder on
-    ``sys.path`` has a module of the same name; a same-named module from another file is
-    replaced in ``sys.modules``.
+    Its folder (a package's parent) must be an import root held in
+    :data:`~openenv_gym.adapters.verifiers_process.STATE` (on ``sys.path`` for the module's own
+    sibling imports, and undone when the adapter closes). Loading from the file (rather than by
+    name through ``sys.path``) means the source given is the one used even when another folder
+    on ``sys.path`` has a module of the same name; a same-named module from another file is
+    replaced in ``sys.modules`` until then.
     """
     module, file, package = found.module, found.file, found.package
-    if str(found.root) not in sys.path:
-        sys.path.insert(0, str(found.root))
     existing = sys.modules.get(module)
     if existing is not None and getattr(existing, "__file__", None) and Path(existing.__file__).resolve() == file:
         return
@@ -414,10 +365,10 @@ class VerifiersV0Adapter(Adapter):
             upstream layout ``my-env/my_env.py``, or ``my-env/my_env/__init__.py``): any layout
             :func:`openenv_gym.importers.verifiers.resolve_source` accepts. Its folder (or the
             package's parent) is put on ``sys.path`` unless already there, the module name
-            comes from the path, and the module is
-            imported from that file (replacing a same-named module from elsewhere in
-            ``sys.modules``). ``env_id``, if also given, is what ``vf.load_environment`` gets
-            (and records as ``env.env_id``); it must name the same module.
+            comes from the path, and the module is imported from that file (replacing a
+            same-named module from elsewhere in ``sys.modules``), until :meth:`aclose`.
+            ``env_id``, if also given, is what ``vf.load_environment`` gets (and records as
+            ``env.env_id``); it must name the same module.
         env_args: keyword arguments for the module's ``load_environment``.
         timeout_seconds: overrides the env's ``timeout_seconds`` (``None``: keep the env's;
             ``math.inf``: no limit). See "Timeouts" below.
@@ -434,17 +385,18 @@ class VerifiersV0Adapter(Adapter):
             does); the library passes them with every model call, and ``info["request"]``
             reports them.
 
-    **Construction happens here, in the calling thread.** ``Environment.__post_init__`` installs
-    SIGINT/SIGTERM handlers (and an ``atexit`` teardown): off the main thread that raises, in the
-    main thread it replaces the process's handlers. So the adapter saves the process's
-    SIGINT/SIGTERM handlers before building the env and restores them afterwards (Ctrl-C keeps
-    raising ``KeyboardInterrupt`` in a gym script); off the main thread (a vector env builds its
-    adapters on the runtime loop's thread; a Ray actor runs methods in worker threads) it
-    temporarily replaces ``signal.signal`` with a version that ignores non-main-thread calls, so
-    construction works and no handler changes. The env's teardown handlers run at :meth:`aclose`
-    (the library's own ``atexit`` hook may run them again at exit). Load errors (import errors,
-    ``vf.MissingKeyError``, exceptions in ``load_environment``) raise
-    :class:`~openenv_gym.errors.ConfigurationError` with the library's message.
+    **Construction happens here, in the calling thread, any thread.** ``Environment.__post_init__``
+    installs SIGINT/SIGTERM handlers and an ``atexit`` teardown: off the main thread that raises,
+    in the main thread it replaces the process's handlers. The adapter builds the env inside
+    :func:`~openenv_gym.adapters.verifiers_process.building_v0_env`, which records those calls
+    for the building thread instead, so construction works in any thread (a vector env builds
+    its adapters on the runtime loop's thread; a Ray actor runs methods in worker threads) and
+    no handler of the process changes (Ctrl-C keeps raising ``KeyboardInterrupt`` in a gym
+    script). The env's teardown is registered with ``atexit`` until :meth:`aclose` runs it. A
+    ``source`` folder is importable (``sys.path``, ``sys.modules``) until :meth:`aclose`, then
+    put back as it was. Load errors (import errors, ``vf.MissingKeyError``, exceptions in
+    ``load_environment``) raise :class:`~openenv_gym.errors.ConfigurationError` with the
+    library's message.
 
     **Timeouts: policy time counts.** The library's ``timeout_seconds`` wraps the *whole* rollout
     in ``asyncio.wait_for``, including the time the agent takes to answer each request (here,
@@ -501,18 +453,31 @@ class VerifiersV0Adapter(Adapter):
                 raise ConfigurationError(
                     f"env_id {env_id!r} names module {named!r} but source {str(source)!r} holds {found.module!r}")
         self.env_args = dict(env_args or {})
-        with _keep_signal_handlers(), _quiet_datasets():
-            if found is not None:
-                _import_source(found)
-            try:
-                env = vf.load_environment(load_id, **self.env_args)
-            except Exception as exc:
-                # vf wraps import errors in ValueError and the rest in RuntimeError, with its message.
-                raise ConfigurationError(f"could not load Verifiers environment {load_id!r}: {exc}") from exc
-        if not isinstance(env, vf.Environment):
-            raise ConfigurationError(
-                f"load_environment of {load_id!r} returned {type(env).__name__}, not a verifiers Environment")
-        _check_rubric(env, vf)
+        root = STATE.acquire(found.root) if found is not None else None
+        try:
+            with building_v0_env(sys.modules.get(vf.Environment.__module__)) as built, _quiet_datasets():
+                if found is not None:
+                    _import_source(found)
+                try:
+                    env = vf.load_environment(load_id, **self.env_args)
+                except Exception as exc:
+                    # vf wraps import errors in ValueError and the rest in RuntimeError, with its message.
+                    raise ConfigurationError(f"could not load Verifiers environment {load_id!r}: {exc}") from exc
+            if not isinstance(env, vf.Environment):
+                raise ConfigurationError(
+                    f"load_environment of {load_id!r} returned {type(env).__name__}, not a verifiers Environment")
+            _check_rubric(env, vf)
+        except BaseException:
+            if root is not None:
+                STATE.release(root)
+            raise
+        # The library wants the env's teardown at exit: registered until aclose() runs it. The
+        # import root is held until aclose(), or until this adapter is garbage (close forgotten).
+        built.register_exit_hooks()
+        self._built = built
+        self._release_root = weakref.finalize(self, STATE.release, root) if root is not None else None
+        if self._release_root is not None:
+            self._release_root.atexit = False
         self._apply_limits(env, timeout_seconds, max_turns)
         self.env = env
         self.env_id = load_id
@@ -576,6 +541,10 @@ class VerifiersV0Adapter(Adapter):
                 await asyncio.wait_for(self.env._teardown(), 60.0)
             except Exception:
                 pass  # a failing teardown must not keep the env from closing
+            finally:
+                self._built.unregister_exit_hooks()
+                if self._release_root is not None:
+                    self._release_root()
 
     def episode(self) -> Episode:
         return VerifiersV0Episode(self)

@@ -6,12 +6,15 @@ here) and calls "the model" over HTTP through the library's interception server;
 records every call in a ``vf.Trace`` and scores it with the task's ``@vf.reward`` functions. There
 is no ``env.step`` to call: the library owns the loop (docs/backends.md, "Verifiers").
 
-So this adapter turns the loop inside out. Each episode runs ``vf.Agent(...).run(task)`` as an
-asyncio task on the package's runtime loop; every model call the harness makes is parked on a
+So this adapter turns the loop inside out. Each episode runs the taskset's ``vf.Env`` (its own
+``run(task, agents)``: ``SingleAgentEnv`` runs its one agent on the task; a subclass may script
+user turns between the agent's) as an asyncio task on the package's runtime loop, with a
+``vf.Agent`` of ours in its one seat; every model call that agent's harness makes is parked on a
 queue and becomes an **observation**, and the agent's **action** is the answer to that call
 (an OpenAI ``chat.completion``, or its SSE form, since the bundled chat programs stream).
-Everything else stays the library's: limits, ``@stop`` hooks, interceptors, tool servers,
-timeouts, error capture, scoring. The reward is the trace's reward, at the last step.
+Everything else stays the library's: the env's scripted turns and when it ends the exchange,
+limits, ``@stop`` hooks, interceptors, tool servers, timeouts, error capture, scoring. The
+reward is the trace's reward, at the last step.
 
 How the answer reaches the library (``transport``): ``"inject"`` (default when available) gives
 the library's interception server our queue-backed client through its **private**
@@ -23,13 +26,14 @@ answer reaches the right episode of a vector env.
 
 How the code is laid out, top-down:
 
-* :class:`VerifiersV1Adapter` (here) loads the taskset and its tasks, and owns one
+* :class:`VerifiersV1Adapter` (here) loads the taskset, its env and its tasks, and owns one
   :class:`~openenv_gym.adapters.verifiers_v1_servers.RolloutServers` (the shared tool servers,
-  the interception server, the policy endpoint and the ``vf.Agent``, entered and left by one
-  task) and one :class:`~openenv_gym.adapters.verifiers_v1_handoff.CallRouter`.
-* :class:`VerifiersV1Episode` (here) runs one ``Agent.run`` as a task and plays it through its
-  :class:`~openenv_gym.adapters.verifiers_v1_handoff.Handoff`: the one object where the
-  library's model call and the agent's action meet.
+  the interception server and the policy endpoint, entered and left by one task) and one
+  :class:`~openenv_gym.adapters.verifiers_v1_handoff.CallRouter`.
+* :class:`VerifiersV1Episode` (here) runs one episode of the env as a task
+  (:mod:`openenv_gym.adapters.verifiers_v1_env`: the env's hooks, our agent in its seat) and
+  plays it through its :class:`~openenv_gym.adapters.verifiers_v1_handoff.Handoff`: the one
+  object where the library's model call and the agent's action meet.
 * :mod:`openenv_gym.adapters.verifiers_v1_compat` imports the library and refuses, statically,
   tasksets it cannot run.
 
@@ -40,10 +44,12 @@ Things a user must know (also in the class docstring):
 * The first reset can take seconds: ``uv sync --script`` of the harness program (fetched from
   PyPI once, then cached by uv), plus a ``python -m <toolset module>`` per tool server.
 * ``uv`` must be on ``PATH``; if it is not but sits next to ``sys.executable`` (a venv's
-  ``bin``), that directory is prepended to ``PATH`` of this process (the subprocess runtime
-  passes ``os.environ`` on, minus variables containing ``API_KEY``).
+  ``bin``), that directory is prepended to ``PATH`` of this process until ``close()`` (the
+  subprocess runtime passes ``os.environ`` on, minus variables containing ``API_KEY``).
 * ``source=`` puts the package's parent directory on ``sys.path`` and, absolute, on
-  ``PYTHONPATH`` (tool servers are spawned as ``python -m <module>``).
+  ``PYTHONPATH`` (tool servers are spawned as ``python -m <module>``) until ``close()``, which
+  puts both (and ``sys.modules``, and ``PATH``) back as they were
+  (:mod:`openenv_gym.adapters.verifiers_process`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import shutil
 import sys
 import time
 import typing
+import weakref
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -70,6 +77,8 @@ from openenv_gym.adapters.verifiers_v1_compat import (
     translate_load_error,
 )
 from openenv_gym.adapters.verifiers_v1_compat import import_v1 as _import_v1
+from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
+from openenv_gym.adapters.verifiers_process import PORT_FILES, STATE
 from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
 from openenv_gym.adapters.verifiers_v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound
@@ -95,14 +104,17 @@ _completion_ids = itertools.count(1)
 class VerifiersV1Adapter(Adapter):
     """A Verifiers v1 taskset, played with the library's own agent loop (inverted control).
 
-    Each episode is ``vf.Agent(config).run(task)`` on the runtime loop. The observation at reset
-    is the messages of the harness's first model request (``info["tools"]``: its ``tools``,
-    ``info["trace_id"]``: the library's trace); each action answers the pending request, and the
-    next observation is what the harness appended since (tool results, ...). At the end the
+    Each episode is the taskset's ``vf.Env`` playing the task on the runtime loop, with our
+    agent in its one seat. The observation at reset is the messages of the harness's first model
+    request (``info["tools"]``: its ``tools``, ``info["trace_id"]``: the library's trace); each
+    action answers the pending request, and the next observation is what was appended since
+    (tool results, the env's scripted user turns, images as OpenAI content parts). At the end the
     reward is ``trace.reward`` (never ``None``), ``info`` holds ``rewards``, ``reward_weights``,
     ``metrics``, ``stop_condition``, ``num_turns``, ``ok`` and, when the trace failed, ``error``;
-    ``terminated`` on a clean end (``agent_completed`` or a task ``@stop``), ``truncated`` on a
-    limit (``max_turns``, token limits, ``context_length``, ``<stage>_timeout``) or a failure.
+    ``terminated`` on a clean end (``agent_completed``, a task ``@stop``, or ``user_closed``: the
+    env ended the exchange), ``truncated`` on a limit (``max_turns``, token limits,
+    ``context_length``, ``<stage>_timeout``) or a failure (of the trace, or of the env's own
+    ``run()``/``finalize()``: ``info["error"]``).
 
     Args:
         env_id: the taskset id as ``vf.resolve_env_config({"taskset": {"id": ...}})`` takes it
@@ -110,12 +122,17 @@ class VerifiersV1Adapter(Adapter):
         source: a taskset package folder, a module file, or a project folder holding
             ``<name>.py`` / ``<name>/__init__.py`` (any layout that
             :func:`openenv_gym.importers.verifiers.resolve_source` accepts): the directory it is
-            imported from goes on ``sys.path`` and, absolute, on ``PYTHONPATH`` (tool servers run as
+            imported from goes on ``sys.path`` and, absolute, on ``PYTHONPATH`` until the adapter
+            closes (tool servers run as
             ``python -m <module>``). Checked statically first: a source that uses
             ``verifiers.v1`` names the installed release lacks, or whose ``pyproject.toml``
             requires a newer ``verifiers``, is refused with a ConfigurationError.
         env_args: taskset config knobs (``--env.taskset.*``). A ``split`` knob typed as a
             ``Literal`` makes one split per value; without one there is a single ``train`` split.
+        env_config: the env's own knobs (``--env.*``: the fields of its ``EnvConfig``, e.g.
+            ``{"attempts": 1}``, or ``{"id": "best-of-n", "n": 1}`` to play the taskset in a
+            built-in env). Its agent seat's settings are the adapter's (``harness``,
+            ``max_turns``, ``timeouts``, ...), except a harness the seat pins.
         harness: harness id or config dict (``{"id": "bash", ...}``). Default: the harness the
             taskset package exports, else ``null`` (a plain chat loop that runs MCP tools).
         max_turns: the library's own turn limit (``AgentConfig.max_turns``): the rollout stops
@@ -141,10 +158,13 @@ class VerifiersV1Adapter(Adapter):
 
     Notes: the first reset may take seconds (``uv sync --script`` of the harness, cached after;
     each per-rollout tool server adds a ``python -m`` start). ``uv`` is looked up on ``PATH``,
-    then next to ``sys.executable`` (that directory is then prepended to ``PATH``). The library's
-    subprocess runtime drops every environment variable containing ``API_KEY`` from what the
-    harness sees. Only the chat-completions dialect is answered (``null``, ``bash`` and other
-    chat harnesses); multi-agent ``Env`` classes are refused. The answers report zero token
+    then next to ``sys.executable`` (that directory is then prepended to ``PATH`` until close).
+    The library's subprocess runtime drops every environment variable containing ``API_KEY``
+    from what the harness sees. Only the chat-completions dialect is answered (``null``,
+    ``bash`` and other chat harnesses). The taskset's own ``vf.Env`` plays each episode (a
+    ``SingleAgentEnv`` subclass may script user turns between the agent's: they arrive as
+    observations); an env with several agent seats is refused, and one that starts its seat a
+    second time within an episode (best-of-n) fails that step. The answers report zero token
     usage, so the library's token budgets (``max_*_tokens``) never fire. Several model calls in
     flight at once (a harness with sub-agents) are served in arrival order, one per step.
     """
@@ -157,6 +177,7 @@ class VerifiersV1Adapter(Adapter):
         env_id: str | None = None,
         source: str | os.PathLike | None = None,
         env_args: dict[str, Any] | None = None,
+        env_config: dict[str, Any] | None = None,
         harness: str | dict[str, Any] | None = None,
         max_turns: int | None = None,
         timeouts: dict[str, float | None] | None = None,
@@ -189,6 +210,9 @@ class VerifiersV1Adapter(Adapter):
             self._import_root, module = found.root, found.module
         self.env_id = env_id or module or ""
         self.env_args = dict(env_args or {})
+        self.env_config = dict(env_config or {})
+        if "taskset" in self.env_config:
+            raise ConfigurationError("env_config holds the env's own knobs; give the taskset's as env_args")
         self.harness = harness
         self.max_turns = max_turns
         self.timeouts = dict(timeouts or {})
@@ -199,6 +223,10 @@ class VerifiersV1Adapter(Adapter):
         self.bad_arguments = bad_arguments
         self.uv_path_added: str | None = None
         self.harness_id: str | None = None
+        self.env_class: str | None = None
+        """The taskset's ``vf.Env`` class once loaded (``SingleAgentEnv`` unless it ships its own)."""
+        self.scripted = False
+        """Whether that env's ``run()`` is its own (scripted user turns, ...), once loaded."""
         self.router = CallRouter()
         """Where the library's model calls go: each episode binds its rollout's trace id here."""
         self._vf: Any = None
@@ -210,6 +238,9 @@ class VerifiersV1Adapter(Adapter):
         self._episodes: set[VerifiersV1Episode] = set()
         self._started = False
         self._closed = False
+        self._undo_stack: list[Callable[[], Any]] = []
+        self._undo = weakref.finalize(self, self._undo_all, self._undo_stack)
+        self._undo.atexit = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -229,12 +260,31 @@ class VerifiersV1Adapter(Adapter):
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(*(e.aclose() for e in list(self._episodes)), return_exceptions=True)
-        if self._servers is not None:
-            await self._servers.stop()
+        try:
+            await asyncio.gather(*(e.aclose() for e in list(self._episodes)), return_exceptions=True)
+            if self._servers is not None:
+                await self._servers.stop()
+        finally:
+            self._undo()
+
+    def _hold(self, do: Callable[[], Any], undo: Callable[[], Any]) -> None:
+        """Make a process-wide change now, undone at :meth:`aclose` (or when this adapter is
+        garbage, its close forgotten)."""
+        do()
+        self._undo_stack.append(undo)
+
+    @staticmethod
+    def _undo_all(stack: list[Callable[[], Any]]) -> None:
+        while stack:
+            stack.pop()()
 
     def episode(self) -> VerifiersV1Episode:
         return VerifiersV1Episode(self)
+
+    @property
+    def rollout_tools(self) -> bool:
+        """Whether each rollout starts tool servers of its own (once started)."""
+        return self._servers is not None and self._servers.rollout_tools
 
     @property
     def transport_used(self) -> str | None:
@@ -252,9 +302,10 @@ class VerifiersV1Adapter(Adapter):
         """Whether episodes can start: started, and not closed."""
         return self._servers is not None and self._servers.running
 
-    def rollout(self, task: Any, on_trace: Callable[[Any], None]) -> Coroutine[Any, Any, Any]:
-        """A coroutine playing ``task`` with the library's ``vf.Agent.run`` and the shared tools;
-        ``on_trace(trace)`` runs when its trace exists, before the first model call."""
+    def rollout(self, task: Any, on_trace: Callable[[Any], None]) -> Coroutine[Any, Any, EpisodeResult]:
+        """A coroutine playing one episode of ``task``: the taskset's ``vf.Env`` with our agent in
+        its seat (the shared tools included); ``on_trace(trace)`` runs when the seat's trace
+        exists, before its first model call."""
         if self._servers is None:
             raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
         return self._servers.run(task, on_trace)
@@ -270,21 +321,24 @@ class VerifiersV1Adapter(Adapter):
     # -- loading -------------------------------------------------------------------------------
     def _load(self) -> None:
         vf = self._vf = _import_v1()
-        self.uv_path_added = _ensure_uv()
+        uv_dir = _uv_dir()
+        if uv_dir is not None:
+            self._hold(lambda: STATE.acquire_entry("PATH", uv_dir), lambda: STATE.release_entry("PATH", uv_dir))
+            self.uv_path_added = uv_dir
         if self.source is not None and self._import_root is not None:
             check_source_compat(self.source.resolve(), vf)
-            _add_import_root(self._import_root)
-        config_data: dict[str, Any] = {"taskset": {"id": self.env_id, **self.env_args}}
+            root = self._import_root
+            self._hold(lambda: STATE.acquire(root, pythonpath=True), lambda: STATE.release(root, pythonpath=True))
+        config_data: dict[str, Any] = {**self.env_config, "taskset": {"id": self.env_id, **self.env_args}}
         try:
             env = vf.load_environment(vf.resolve_env_config(config_data))
         except ConfigurationError:
             raise
         except Exception as exc:
             raise translate_load_error(exc, self.env_id) from exc
-        if type(env).__name__ != "SingleAgentEnv":
-            raise ConfigurationError(
-                f"taskset {self.env_id!r} runs in the multi-agent env {type(env).__name__}; only "
-                "single-agent tasksets can be driven by one external policy")
+        seat = check_single_agent(vf, env, self.env_id)
+        self.env_class = type(env).__name__
+        self.scripted = scripts_its_own_turns(vf, env)
         self._env = env
         taskset = env.taskset
         values, current = _split_values(taskset.config)
@@ -297,12 +351,15 @@ class VerifiersV1Adapter(Adapter):
             self._splits_tasks[name] = _SplitTasks(ts)
         # The configured split is read now: a taskset whose load() fails says so at construction.
         self._materialize(current if current in self._splits_tasks else self._split_names[0])
-        self._agent_config = self._build_agent_config(vf)
+        self._agent_config = self._build_agent_config(vf, getattr(env.config, seat))
 
-    def _build_agent_config(self, vf: Any) -> Any:
-        if self.harness is None:
+    def _build_agent_config(self, vf: Any, seat: Any) -> Any:
+        pinned = getattr(seat, "harness", None)  # the env's own seat may pin its harness
+        if self.harness is None and pinned is not None:
+            harness: dict[str, Any] = pinned.model_dump(exclude_none=True)
+        elif self.harness is None:
             ident = vf.default_harness_id(self.env_id)
-            harness: dict[str, Any] = {"id": "null" if ident == "bash" else ident}
+            harness = {"id": "null" if ident == "bash" else ident}
         elif isinstance(self.harness, str):
             harness = {"id": self.harness}
         else:
@@ -392,11 +449,11 @@ class VerifiersV1Adapter(Adapter):
 
     def info(self) -> dict[str, Any]:
         return {"backend": self.kind, "taskset": self.env_id, "harness": self.harness_id,
-                "transport": self.transport_used or self.transport}
+                "env": self.env_class, "transport": self.transport_used or self.transport}
 
 
 class VerifiersV1Episode(Episode):
-    """One rollout of one task: the library's ``Agent.run`` as a task, answered call by call.
+    """One episode of one task: the env's ``run()`` as a task, its seat's model calls answered one by one.
 
     The rollout's model calls reach this episode through its :class:`Handoff` (bound to the
     rollout's trace id on the adapter's router): :meth:`start` returns the first call's
@@ -435,11 +492,15 @@ class VerifiersV1Episode(Episode):
             await self.aclose()
             raise
         if call is None:
-            trace = self._result()
-            await self.aclose()
-            error = self._error(trace)
+            try:
+                trace, error = self._result()
+            finally:
+                await self.aclose()
+            error = error or self._error(trace)
             what = f"{error['type']}: {error['message']}" if error else f"stop condition {trace.stop_condition!r}"
             raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call ({what})")
+        if adapter.rollout_tools:  # its tool servers are up and their ports read by now
+            await asyncio.to_thread(PORT_FILES.note)
         messages = list(call.body.get("messages") or [])
         self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
         self._tools_raw = call.body.get("tools")
@@ -508,8 +569,9 @@ class VerifiersV1Episode(Episode):
         adapter.unregister(self)
         run, self._run = self._run, None
         if run is not None and not run.done():
-            # Cancelling Agent.run aborts the rollout: the library kills the harness program and
-            # the tool servers and stops the runtime (Rollout.abort, shielded from re-cancel).
+            # Cancelling the episode cancels the seat's Agent.run / interaction, which aborts the
+            # rollout: the library kills the harness program and the tool servers and stops the
+            # runtime (Rollout.abort, shielded from re-cancel).
             run.cancel()
             done, _ = await asyncio.wait({run}, timeout=60.0)
             if not done:
@@ -519,6 +581,8 @@ class VerifiersV1Episode(Episode):
         for trace_id in self._trace_ids:
             adapter.router.unbind(trace_id, self._handoff)
         self._handoff.close()
+        if adapter.rollout_tools:
+            PORT_FILES.sweep()  # the port files of tool servers that have exited, this rollout's included
 
     # -- internals -------------------------------------------------------------------------------
     def _on_trace(self, trace: Any) -> None:
@@ -527,17 +591,25 @@ class VerifiersV1Episode(Episode):
         self._trace_ids.append(trace.id)
         self.adapter.router.bind(trace.id, self._handoff)
 
-    def _result(self) -> Any:
+    def _result(self) -> tuple[Any, dict[str, str] | None]:
+        """(the seat's trace, the env's own failure) of the finished episode."""
         assert self._run is not None and self._run.done()
         if self._run.cancelled():
             raise BackendError("the rollout was cancelled")
         exc = self._run.exception()
+        if isinstance(exc, ConfigurationError):
+            raise exc  # the env does what one Gymnasium episode cannot (a second rollout)
         if exc is not None:
-            # Agent.run records rollout failures on the trace; an exception here is a bug or a
-            # lifetime error of the library, raised to the trainer as a backend failure.
+            # Rollout failures are recorded on the trace, the env's hook failures on the result;
+            # an exception here is a bug or a lifetime error of the library, raised to the
+            # trainer as a backend failure.
             raise ServerError(f"the Verifiers rollout raised {type(exc).__name__}: {exc}") from exc
-        self.trace = self._run.result()
-        return self.trace
+        result: EpisodeResult = self._run.result()
+        if not result.traces:
+            raise ServerError(f"the Verifiers episode of {self.adapter.env_id!r} produced no trace"
+                              + (f" ({result.error['type']}: {result.error['message']})" if result.error else ""))
+        self.trace = result.traces[-1]
+        return self.trace, result.error
 
     @staticmethod
     def _error(trace: Any) -> dict[str, Any] | None:
@@ -549,9 +621,9 @@ class VerifiersV1Episode(Episode):
 
     def _finish(self, messages: list[Message]) -> Outcome:
         self.finished = True
-        trace = self._result()
+        trace, env_error = self._result()
         stop = trace.stop_condition
-        error = self._error(trace)
+        error = env_error or self._error(trace)
         info: dict[str, Any] = {
             "stop_condition": stop,
             "rewards": {k: (float(v.score) if v is not None and v.score is not None else None)
@@ -559,7 +631,7 @@ class VerifiersV1Episode(Episode):
             "reward_weights": {k: float(v.weight) for k, v in (trace.rewards or {}).items() if v is not None},
             "metrics": {k: (float(v) if v is not None else None) for k, v in (trace.metrics or {}).items()},
             "num_turns": trace.num_turns,
-            "ok": bool(trace.ok),
+            "ok": bool(trace.ok) and env_error is None,
         }
         if error is not None:
             info["error"] = error
@@ -656,13 +728,12 @@ def _runtime_config(vf: Any, runtime: Any) -> Any:
     return runtime  # a RuntimeConfig instance
 
 
-def _ensure_uv() -> str | None:
-    """Make ``uv`` findable for the runtime; returns the directory prepended to PATH, if any."""
+def _uv_dir() -> str | None:
+    """The directory to put on ``PATH`` so that the runtime finds ``uv``, if any is needed."""
     if shutil.which("uv"):
         return None
     bindir = Path(sys.executable).parent
     if (bindir / "uv").exists():
-        os.environ["PATH"] = str(bindir) + os.pathsep + os.environ.get("PATH", "")
         return str(bindir)
     if (Path.home() / ".local" / "bin" / "uv").exists():
         return None  # where the library installs uv, and looks first (its setup prepends it to PATH)
@@ -670,13 +741,3 @@ def _ensure_uv() -> str | None:
                    "(pip --user, then astral.sh), which needs network; `pip install uv` avoids that",
                    sys.executable)
     return None
-
-
-def _add_import_root(parent: Path) -> None:
-    """Make a source importable here and in the runtime's children (absolute PYTHONPATH)."""
-    root = str(parent.resolve())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in current:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *current])

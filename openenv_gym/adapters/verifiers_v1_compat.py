@@ -19,15 +19,16 @@ from typing import Any
 
 from openenv_gym.errors import ConfigurationError
 
-__all__ = ["MIN_VERSION", "REQUIRED_NAMES", "check_source_compat", "guarded", "guarded_async", "import_v1",
-           "installed_version", "library_exit", "translate_load_error"]
+__all__ = ["MIN_VERSION", "REQUIRED_NAMES", "check_source_compat", "episode_record", "guarded", "guarded_async",
+           "import_v1", "installed_version", "library_exit", "translate_load_error"]
 
-MIN_VERSION = "0.2"
-"""The first release whose ``verifiers.v1`` has the Taskset/Agent/interception shape used here."""
+MIN_VERSION = "0.3"
+"""The first release whose ``verifiers.v1`` has the Taskset/Agent/Env shape used here (0.2's
+``verifiers.v1`` has tasksets but no ``Agent`` nor ``Env`` seats)."""
 
 REQUIRED_NAMES = (
-    "Agent", "AgentConfig", "SubprocessConfig", "EvalClientConfig", "Taskset", "Task",
-    "resolve_env_config", "load_environment", "default_harness_id",
+    "Agent", "AgentConfig", "Agents", "Env", "Episode", "SingleAgentEnv", "SubprocessConfig",
+    "EvalClientConfig", "Taskset", "Task", "resolve_env_config", "load_environment", "default_harness_id",
 )
 """Public ``verifiers.v1`` names the adapter itself uses; missing ones mean an incompatible v1."""
 
@@ -179,8 +180,37 @@ def check_source_compat(source: str | os.PathLike, vf: Any | None = None) -> Non
         )
 
 
+def _import_failure(exc: BaseException, module: str) -> ImportError | None:
+    """The import error a taskset's own code raised, under the library's "taskset not found".
+
+    The library's loader turns *any* ``ModuleNotFoundError`` met while importing the taskset
+    (one of the taskset's own dependencies missing, say) into "taskset 'x' not found", keeping
+    the real one as its cause. Returns the innermost import error of the chain unless it is about
+    the taskset module itself (then the taskset really is not installed).
+    """
+    chain: list[ImportError] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError):
+            chain.append(current)
+        current = current.__cause__ or current.__context__
+    if not chain:
+        return None
+    inner = chain[-1]
+    name = getattr(inner, "name", None) or ""
+    if isinstance(inner, ModuleNotFoundError) and (not name or name.split(".")[0] == module):
+        return None  # the taskset itself is not importable (or nothing says what was missing)
+    return inner
+
+
 def translate_load_error(exc: BaseException, env_id: str) -> BaseException:
-    """A ConfigurationError for a taskset that cannot be loaded, keeping the library's message."""
+    """A ConfigurationError for a taskset that cannot be loaded, with the error that really happened."""
+    module = env_id.split("/")[-1].split("@")[0].replace("-", "_").lower()
+    real = _import_failure(exc, module) if isinstance(exc, ImportError) else None
+    if real is not None and real is not exc:
+        exc = real
     message = f"{type(exc).__name__}: {exc}"
     missing_module = getattr(exc, "name", None) or ""
     if (isinstance(exc, ModuleNotFoundError) and missing_module.startswith("verifiers")) or (
@@ -190,14 +220,31 @@ def translate_load_error(exc: BaseException, env_id: str) -> BaseException:
             f"taskset {env_id!r} needs a newer verifiers than the installed {installed_version()} "
             f"({message}); pip install -U verifiers"
         )
+    if real is not None:
+        return ConfigurationError(
+            f"importing taskset {env_id!r} failed: {message}; install what it imports (its "
+            "pyproject.toml dependencies: `pip install -e <project folder>` installs them)"
+        )
     if isinstance(exc, ModuleNotFoundError):
         return ConfigurationError(
             f"taskset {env_id!r} cannot be imported ({message}); install its package, or pass "
             "source= (the package folder)"
         )
-    if isinstance(exc, (AttributeError, TypeError, ValueError)):
+    if isinstance(exc, Exception):
         return ConfigurationError(f"taskset {env_id!r} cannot be loaded: {message}")
     return exc
+
+
+def episode_record(vf: Any, env_id: str, traces: list[Any]) -> Any:
+    """The library's ``vf.Episode`` of one finished episode's traces (what ``Env.finalize`` reads).
+
+    verifiers 0.3.1 added a required ``task`` field (the task as recorded on every trace).
+    """
+    fields: dict[str, Any] = {"env": {"id": env_id}, "traces": list(traces),
+                              "ok": all(getattr(t, "ok", False) for t in traces)}
+    if "task" in getattr(vf.Episode, "model_fields", {}):
+        fields["task"] = traces[0].task
+    return vf.Episode(**fields)
 
 
 def library_exit(exc: BaseException) -> BaseException:

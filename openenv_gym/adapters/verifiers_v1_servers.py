@@ -2,8 +2,9 @@
 
 :class:`RolloutServers` starts and stops, together, the taskset's shared tool servers, the
 library's interception server (where the harness sends its model calls) and, for
-``transport="http"``, the local OpenAI-compatible policy endpoint; and it holds the ``vf.Agent``
-bound to them, which plays each rollout. One asyncio task enters and leaves them all, because
+``transport="http"``, the local OpenAI-compatible policy endpoint; and it plays each episode
+with the taskset's ``vf.Env``, whose one seat is an agent bound to them
+(:mod:`openenv_gym.adapters.verifiers_v1_env`). One asyncio task enters and leaves them all, because
 the library's tool servers use anyio cancel scopes that must be exited by the task that entered
 them; nothing else about that task shows outside this class.
 
@@ -32,7 +33,9 @@ import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from openenv_gym.adapters.verifiers_v1_compat import library_exit
+from openenv_gym.adapters.verifiers_process import PORT_FILES
+from openenv_gym.adapters.verifiers_v1_compat import episode_record, library_exit
+from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, play_episode, seat_agent_class
 from openenv_gym.adapters.verifiers_v1_handoff import CallRouter
 from openenv_gym.errors import BackendError, BackendUnavailable, ConfigurationError
 
@@ -50,12 +53,14 @@ STOP_TIMEOUT = 60.0
 
 
 class RolloutServers:
-    """The shared servers and the ``vf.Agent`` of one adapter: :meth:`start`, :meth:`run`, :meth:`stop`.
+    """The shared servers of one adapter, and the episodes played on them: :meth:`start`,
+    :meth:`run`, :meth:`stop`.
 
     Args:
         vf: the ``verifiers.v1`` module.
-        env: the loaded ``SingleAgentEnv`` (its taskset says which tool servers to share).
-        agent_config: the ``vf.AgentConfig`` rollouts run with (its ``client`` is replaced).
+        env: the loaded single-agent ``vf.Env`` (its taskset says which tool servers to share;
+            its ``run()`` plays each episode).
+        agent_config: the ``vf.AgentConfig`` of the env's one seat (its ``client`` is replaced).
         router: where the model calls go.
         transport: ``"auto"``, ``"inject"`` or ``"http"`` (see the module docstring).
         name: for the owner task's name and log messages.
@@ -66,17 +71,19 @@ class RolloutServers:
         self._router = router
         self._requested = transport
         self._name = name
-        self._agent: Any = None
+        self._seat: Callable[[EpisodeResult, Callable[[Any], None]], Any] | None = None
         self._shared: dict[str, Any] = {}
         self._owner: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self.transport: str | None = None
         """The transport in use (``"inject"`` or ``"http"``) once started."""
+        self.rollout_tools = False
+        """Whether the taskset's tasks start tool servers of their own (per rollout), once started."""
 
     @property
     def running(self) -> bool:
         """Whether rollouts can run (started, not stopped)."""
-        return self._agent is not None
+        return self._seat is not None
 
     @property
     def shared_tools(self) -> dict[str, Any]:
@@ -100,14 +107,16 @@ class RolloutServers:
             await asyncio.gather(self._owner, return_exceptions=True)
             raise
 
-    def run(self, task: Any, on_trace: Callable[[Any], None]) -> Coroutine[Any, Any, Any]:
-        """``vf.Agent.run`` of ``task`` with the shared tools (a coroutine; the caller awaits it).
-
-        ``on_trace`` is called with the rollout's trace before its first model call.
+    def run(self, task: Any, on_trace: Callable[[Any], None]) -> Coroutine[Any, Any, EpisodeResult]:
+        """One episode of ``task``: the env's own ``run()`` with our agent in its seat (a coroutine;
+        the caller awaits it). ``on_trace`` is called with the seat's trace before its first model call.
         """
-        if self._agent is None:
+        seat = self._seat
+        if seat is None:
             raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
-        return self._agent.run(task, tools=self._shared or None, on_trace=on_trace)
+        env = self._env
+        return play_episode(self._vf, env, task, lambda result: seat(result, on_trace),
+                            lambda _task, traces: episode_record(self._vf, env.config.env_id, traces))
 
     async def stop(self) -> None:
         """Stop the servers (waiting up to :data:`STOP_TIMEOUT`, then cancelling). Idempotent."""
@@ -136,8 +145,11 @@ class RolloutServers:
             # config's own agent seat (a remote Prime runtime by default), not from ours.
             async with (serve_shared(servers, harness_is_local=harness_is_local) if servers
                         else _no_shared()) as shared:
+                if servers:
+                    await asyncio.to_thread(PORT_FILES.note)
                 task_cls = type(taskset).task_type()
                 configs = [s.config for s in task_cls.toolsets(taskset.config.task)]
+                self.rollout_tools = bool(configs)
                 kwargs = {
                     "requires_tunnel": requires_tunnel(harness_is_local, configs, shared.values()),
                     "state_service_secrets": tuple(s.state_secret for s in shared.values()
@@ -159,9 +171,15 @@ class RolloutServers:
                     client = vf.EvalClientConfig(base_url=http.base_url, api_key_var=POLICY_KEY_VAR)
                 self.transport = transport
                 async with server:
-                    self._shared = dict(shared)
-                    self._agent = vf.Agent(self._agent_config.model_copy(update={"client": client}),
-                                           interception=server)
+                    self._shared = shared = dict(shared)
+                    seat_config = self._agent_config.model_copy(update={"client": client})
+                    seat_class = seat_agent_class(vf)
+
+                    def seat(result: EpisodeResult, on_trace: Callable[[Any], None]) -> Any:
+                        return seat_class(seat_config, interception=server, shared_tools=shared,
+                                          task_cls=task_cls, on_trace=on_trace, result=result)
+
+                    self._seat = seat
                     ready.set_result(None)
                     assert self._stop is not None
                     await self._stop.wait()
@@ -177,10 +195,11 @@ class RolloutServers:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._agent = None
+            self._seat = None
             self._shared = {}
             if http is not None:
                 await http.stop()
+            PORT_FILES.sweep()
 
 
 @contextlib.asynccontextmanager

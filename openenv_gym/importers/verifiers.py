@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
-from openenv_gym.importers.discovery import cache_dir, cached_scan, top_modules
+from openenv_gym.importers.discovery import cache_dir, cached_scan, module_locations
 from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
 
 __all__ = [
@@ -57,6 +57,8 @@ class VerifiersSource(msgspec.Struct, omit_defaults=True):
     root: str
     entry: str
     path: str
+    env: str = ""
+    """v1: the ``verifiers.v1.Env`` subclass the package exports, if any (it plays each episode)."""
 
 
 def _imports_verifiers(mod: Module) -> tuple[bool, bool]:
@@ -109,30 +111,116 @@ def _all_names(mod: Module) -> list[str]:
     return []
 
 
-def _is_taskset(pkg: Path, mod: Module, name: str, depth: int = 0) -> bool:
-    """Whether ``name`` (as seen from ``mod``) is a class deriving from ``verifiers.v1.Taskset``."""
+def _resolve_class(pkg: Path, mod: Module, name: str, depth: int = 0) -> tuple[Module, ast.ClassDef] | None:
+    """The class ``name`` (as seen from ``mod``) and the module defining it, when it is the
+    package's own (defined there, or re-exported with ``from .sub import Name``)."""
+    if depth > 6:
+        return None
+    node = mod.classes.get(name)
+    if node is not None:
+        return mod, node
+    target = mod.aliases.get(name)
+    if target is None:
+        return None
+    modpart, _, cls = target.rpartition(".")
+    sub = modpart[len(pkg.name) + 1:] if modpart.startswith(pkg.name + ".") else modpart.split(".")[-1]
+    for cand in (pkg / f"{sub.replace('.', '/')}.py", pkg / sub.replace(".", "/") / "__init__.py"):
+        if cand.is_file():
+            other = _module_of(cand, pkg.parent)
+            return _resolve_class(pkg, other, cls, depth + 1) if other is not None else None
+    return None
+
+
+def _local_name(node: ast.expr) -> str | None:
+    """The name a base-class expression uses in its module (``Base``, ``Base[...]``)."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _local_bases(pkg: Path, mod: Module, node: ast.ClassDef, depth: int) -> list[tuple[Module, ast.ClassDef]]:
+    """The package's own classes that ``node`` derives from directly."""
+    found = []
+    for base in node.bases:
+        name = _local_name(base)
+        hit = _resolve_class(pkg, mod, name, depth + 1) if name else None
+        if hit is not None and hit[1] is not node:
+            found.append(hit)
+    return found
+
+
+def _derives(pkg: Path, mod: Module, node: ast.ClassDef, names: frozenset[str], depth: int = 0) -> bool:
+    """Whether ``node`` derives from one of the ``verifiers.v1`` classes ``names`` (directly or
+    through the package's own classes)."""
     if depth > 6:
         return False
-    node = mod.classes.get(name)
-    if node is None:
-        target = mod.aliases.get(name)
-        if target is None:
-            return False
-        # a re-export: `from .taskset import MyTaskset` inside the package
-        modpart, _, cls = target.rpartition(".")
-        sub = modpart[len(pkg.name) + 1:] if modpart.startswith(pkg.name + ".") else modpart.split(".")[-1]
-        for cand in (pkg / f"{sub.replace('.', '/')}.py", pkg / sub.replace(".", "/") / "__init__.py"):
-            if cand.is_file():
-                other = _module_of(cand, pkg.parent)
-                return other is not None and _is_taskset(pkg, other, cls, depth + 1)
-        return False
+    if any(_qual(mod, b) in names for b in node.bases):
+        return True
+    return any(_derives(pkg, m, n, names, depth + 1) for m, n in _local_bases(pkg, mod, node, depth))
+
+
+_TASKSET = frozenset({f"{_V1}.Taskset", f"{_V1}.taskset.Taskset"})
+_ENV = frozenset({f"{_V1}.Env", f"{_V1}.env.Env"})
+_SINGLE_AGENT_ENV = frozenset({f"{_V1}.SingleAgentEnv", f"{_V1}.envs.SingleAgentEnv",
+                               f"{_V1}.envs.single_agent.SingleAgentEnv"})
+_AGENT_CONFIG = frozenset({f"{_V1}.AgentConfig", f"{_V1}.configs.agent.AgentConfig", f"{_V1}.agent.AgentConfig"})
+_ENV_CONFIG = frozenset({f"{_V1}.EnvConfig", f"{_V1}.configs.env.EnvConfig"})
+
+
+def _is_taskset(pkg: Path, mod: Module, name: str) -> bool:
+    """Whether ``name`` (as seen from ``mod``) is a class deriving from ``verifiers.v1.Taskset``."""
+    hit = _resolve_class(pkg, mod, name)
+    return hit is not None and _derives(pkg, hit[0], hit[1], _TASKSET)
+
+
+def _config_seats(pkg: Path, mod: Module, node: ast.ClassDef, depth: int = 0) -> list[str] | None:
+    """The ``AgentConfig`` fields of an env config class (its own and its package bases'), or
+    ``None`` when they cannot be told statically."""
+    if depth > 6:
+        return None
+    seats = [t.target.id for t in node.body
+             if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+             and _qual(mod, t.annotation) in _AGENT_CONFIG]
     for base in node.bases:
-        q = _qual(mod, base)
-        if q in (f"{_V1}.Taskset", f"{_V1}.taskset.Taskset"):
-            return True
-        if q and q.startswith(mod.name + ".") and _is_taskset(pkg, mod, q.rpartition(".")[2], depth + 1):
-            return True
-    return False
+        if _qual(mod, base) in _ENV_CONFIG:
+            continue
+        name = _local_name(base)
+        hit = _resolve_class(pkg, mod, name, depth + 1) if name else None
+        inherited = _config_seats(pkg, hit[0], hit[1], depth + 1) if hit is not None else None
+        if inherited is None:
+            return None
+        seats = inherited + [s for s in seats if s not in inherited]
+    return seats
+
+
+def env_seats(pkg: Path, mod: Module, node: ast.ClassDef, depth: int = 0) -> list[str] | None:
+    """The agent seats of a ``verifiers.v1.Env`` subclass, found statically (``None``: unknown).
+
+    A ``SingleAgentEnv`` subclass has the one seat ``agent``; ``vf.Env[Config]`` has the
+    ``AgentConfig`` fields of ``Config`` (how the library names an env's agents).
+    """
+    if depth > 6:
+        return None
+    if _derives(pkg, mod, node, _SINGLE_AGENT_ENV):
+        return ["agent"]
+    for base in node.bases:
+        if _qual(mod, base) in _ENV and isinstance(base, ast.Subscript):
+            name = _local_name(base.slice)
+            hit = _resolve_class(pkg, mod, name) if name else None
+            return _config_seats(pkg, *hit) if hit is not None else None
+    for other_mod, other in _local_bases(pkg, mod, node, depth):
+        seats = env_seats(pkg, other_mod, other, depth + 1)
+        if seats is not None:
+            return seats
+    return None
+
+
+MULTI_AGENT_HINT = (
+    "Gymnasium's Env has one agent, so openenv_gym does not play multi-agent Verifiers envs; run it "
+    "with verifiers' own runner (`vf-eval <taskset>` in verifiers 0.4, `eval` in 0.3), a model for "
+    "every seat (`--env.<seat>.model`), or through a multi-agent API such as PettingZoo's"
+)
+"""What to say about a multi-agent Verifiers env, statically (import) or once loaded (make)."""
 
 
 def _detect_package(pkg: Path) -> VerifiersSource | None:
@@ -140,9 +228,21 @@ def _detect_package(pkg: Path) -> VerifiersSource | None:
     mod = _module_of(init, pkg.parent) if init.is_file() else None
     if mod is None:
         return None
-    for name in _all_names(mod):
+    exported = _all_names(mod)
+    for name in exported:
         if _is_taskset(pkg, mod, name):
-            return VerifiersSource("v1", pkg.name, str(pkg.parent), name, str(pkg))
+            env = ""
+            for other in exported:
+                hit = _resolve_class(pkg, mod, other)
+                if hit is None or not _derives(pkg, hit[0], hit[1], _ENV | _SINGLE_AGENT_ENV):
+                    continue
+                env = other
+                seats = env_seats(pkg, *hit)
+                if seats is not None and len(seats) > 1:
+                    raise DetectionError(
+                        f"{pkg.name} exports {other}, a multi-agent Verifiers env (seats: {', '.join(seats)}): "
+                        + MULTI_AGENT_HINT)
+            return VerifiersSource("v1", pkg.name, str(pkg.parent), name, str(pkg), env)
     if _v0_entry(mod):
         return VerifiersSource("v0", pkg.name, str(pkg.parent), "load_environment", str(pkg))
     return None
@@ -307,25 +407,13 @@ def _depends_on_verifiers(dist: metadata.Distribution) -> bool:
     return any(_REQ.match(r) and "extra ==" not in r for r in dist.requires or ())
 
 
-def _locate(dist: metadata.Distribution, module: str, paths: list[str]) -> Path | None:
-    for entry in paths:
-        base = Path(entry or ".")
-        for cand in (base / module / "__init__.py", base / f"{module}.py"):
-            if cand.is_file():
-                return cand.parent if cand.name == "__init__.py" else cand
-    return None
-
-
 def _scan(paths: list[str]) -> list[dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
     for dist in metadata.distributions(path=paths):
         name = dist.metadata.get("Name")
         if not name or name.lower() in found or not _depends_on_verifiers(dist):
             continue
-        for module in top_modules(dist):
-            where = _locate(dist, module, paths)
-            if where is None:
-                continue
+        for where in module_locations(dist, paths).values():
             try:
                 hit = detect_verifiers(where)
             except DetectionError:

@@ -1,10 +1,11 @@
 """Venvs of isolated envs: a source's requirements, and the venv ``uv`` builds from them.
 
 What goes in (:func:`requirements_for`): the source's own requirements (``[project].dependencies``
-of its ``pyproject.toml`` and the lines of its ``requirements.txt``), the SDK its kind needs (the
-matching extra of this package, unless the source names that SDK itself: its pin wins), and this
-package (editable if this one is, so a host runs the same code as the driver). A legacy Verifiers
-source (``load_environment``) gets ``verifiers<0.4``: later releases dropped that API.
+of its project's ``pyproject.toml``, the lines of its ``requirements.txt``, and the project itself
+when the source is a package inside it: see :func:`source_requirements`), the SDK its kind needs
+(the matching extra of this package, unless the source names that SDK itself: its pin wins), and
+this package (editable if this one is, so a host runs the same code as the driver). A legacy
+Verifiers source (``load_environment``) gets ``verifiers<0.4``: later releases dropped that API.
 
 Where it is built (:func:`ensure_venv`): ``<data dir>/venvs/<hash>``, the hash of the sorted
 requirements and the interpreter, so that two envs with the same requirements share one venv and
@@ -37,8 +38,8 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["BUILD_TIMEOUT", "requirements_for", "source_requirements", "ensure_venv", "venv_python", "python_for",
-           "this_package"]
+__all__ = ["BUILD_TIMEOUT", "requirements_for", "source_requirements", "project_of", "ensure_venv", "venv_python",
+           "python_for", "this_package"]
 
 DISTRIBUTION = "openenv-gym"
 BUILD_TIMEOUT = 1800.0
@@ -125,40 +126,74 @@ def _requirement_lines(text: str, where: Path) -> list[str]:
     return lines
 
 
-def source_requirements(source: str | os.PathLike[str] | None) -> list[str]:
-    """The requirements a source declares: ``pyproject.toml`` dependencies and ``requirements.txt``.
+def project_of(source: str | os.PathLike[str]) -> Path | None:
+    """The project folder (holding ``pyproject.toml``) a source belongs to, if any.
 
-    Looked up in the source folder (a file's own folder). A pyproject that names a build backend
-    is *not* installed as a project: only its dependencies are, the source itself runs from its
-    snapshot.
+    The source's own folder (a file's folder), or, for a package folder without one, its parent:
+    the way Verifiers environments are packaged (``my-env/pyproject.toml`` beside
+    ``my-env/my_env/__init__.py``), where the catalog records the package folder.
+    """
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    if (folder / "pyproject.toml").is_file():
+        return folder
+    if (folder / "__init__.py").is_file() and (folder.parent / "pyproject.toml").is_file():
+        return folder.parent
+    return None
+
+
+def _read_pyproject(pyproject: Path) -> dict:
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"{pyproject} is not valid TOML: {exc}") from None
+    deps = data.get("project", {}).get("dependencies", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise ConfigurationError(f"{pyproject}: [project].dependencies must be a list of strings")
+    return data
+
+
+def source_requirements(source: str | os.PathLike[str] | None) -> list[str]:
+    """The requirements a source declares: its project's dependencies and ``requirements.txt``.
+
+    The project is :func:`project_of` the source. When the source is a module or package *inside*
+    its project (``my-env/my_env/`` or ``my-env/my_env.py`` beside ``my-env/pyproject.toml``) and
+    the project can be built (a ``[project]`` table, or a ``[build-system]``), the project itself
+    is installed too, editable (``-e <project>``: its package data and entry points, and the
+    source keeps running from its own folder). A source that *is* the project folder (an ORS or
+    OpenEnv folder) gets only the dependencies.
     """
     if source is None:
         return []
     path = Path(source)
     folder = path if path.is_dir() else path.parent
+    project = project_of(path)
     found: list[str] = []
-    pyproject = folder / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"{pyproject} is not valid TOML: {exc}") from None
-        deps = data.get("project", {}).get("dependencies", [])
-        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-            raise ConfigurationError(f"{pyproject}: [project].dependencies must be a list of strings")
-        found += [d.strip() for d in deps]
-    requirements = folder / "requirements.txt"
-    if requirements.is_file():
-        found += _requirement_lines(requirements.read_text(), requirements)
-    return found
+    if project is not None:
+        data = _read_pyproject(project / "pyproject.toml")
+        found += [d.strip() for d in data.get("project", {}).get("dependencies", [])]
+        inside = path.resolve() != project.resolve()
+        if inside and ("build-system" in data or data.get("project", {}).get("name")):
+            found.append(f"-e {project.resolve()}")
+    for where in dict.fromkeys(p for p in (folder, project) if p is not None):
+        requirements = where / "requirements.txt"
+        if requirements.is_file():
+            found += _requirement_lines(requirements.read_text(), requirements)
+    return list(dict.fromkeys(found))
 
 
 def requirements_for(kind: str, source: str | os.PathLike[str] | None, sdk: str | None = None,
                      extra: Sequence[str] = ()) -> list[str]:
-    """Everything the venv of a ``kind`` source needs: its own requirements, its SDK, this package."""
+    """Everything the venv of a ``kind`` source needs: its own requirements, its SDK, this package.
+
+    The source's pin of its SDK wins over this package's, except the legacy Verifiers bound
+    (``verifiers<0.4``), which a v0 source always gets: a project that depends on a bare
+    ``verifiers`` would otherwise resolve to 0.4, which has no v0 API.
+    """
     own = [*source_requirements(source), *extra]
-    named = {_name_of(r) for r in own}
-    sdk_reqs = [r for r in _sdk_requirements(kind, sdk) if _name_of(r) not in named]
+    named = {_name_of(r) for r in own if not r.startswith("-")}
+    sdk_reqs = [r for r in _sdk_requirements(kind, sdk)
+                if _name_of(r) not in named or (kind == "verifiers" and sdk == "v0" and _name_of(r) == "verifiers")]
     seen: dict[str, None] = {}
     for r in [*own, *sdk_reqs, this_package()]:
         seen.setdefault(r, None)

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -205,6 +206,9 @@ class CallerLoop:
         async def elsewhere() -> None:
             await asyncio.to_thread(self.close, coro, CANCEL_GRACE)
 
+        if not sys.is_finalizing():  # a process whose envs all ran on loops of their own never started it
+            with contextlib.suppress(RuntimeClosed, RuntimeError):
+                RUNTIME.get_loop()
         RUNTIME.close_later(elsewhere())
 
 

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -432,10 +433,15 @@ def test_load_errors_are_configuration_errors():
 
 def test_env_id_and_signal_handlers_are_kept():
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    path = list(sys.path)
     adapter = VerifiersV0Adapter(env_id="someorg/vf-arith", source=ARITH)  # vf maps the id to vf_arith
-    assert adapter.env.env_id == "someorg/vf-arith"
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-    assert str(ENVS) in sys.path and sys.path.count(str(ENVS)) == 1
+    try:
+        assert adapter.env.env_id == "someorg/vf-arith"
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+        assert sys.path.count(str(ENVS)) == 1
+    finally:
+        runtime.run_sync(adapter.aclose(), 30)
+    assert sys.path == path  # the source's folder is held while some adapter of it is open
 
 
 def test_source_layouts_and_a_shadowing_module(tmp_path):
@@ -631,3 +637,16 @@ def test_tool_specs_follow_the_tools_each_episode_gets():
     assert [s.name for s in cache.specs([add, mul])] == ["add", "mul"]  # a tool added
     assert [s.name for s in cache.specs([mul])] == ["mul"]  # another set
     assert cache.specs(None) == [] and cache.specs([]) == []
+
+
+def test_dropping_an_unclosed_env_in_a_fresh_process_prints_nothing(tmp_path):
+    script = (
+        "import gc, gymnasium as gym, openenv_gym\n"
+        f"env = gym.make('openenv/Verifiers-v0', source={GUESS!r})\n"
+        "env.reset(options={'index': 0})\n"
+        "del env\n"
+        "gc.collect()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "was never awaited" not in done.stderr and "Task was destroyed" not in done.stderr, done.stderr

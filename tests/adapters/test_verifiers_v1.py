@@ -19,7 +19,6 @@ Runs in the venv with verifiers 0.4 (and on 0.3.1's ``verifiers.v1``); skipped w
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import sys
@@ -44,6 +43,7 @@ except ConfigurationError as _exc:
 
 from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
+from openenv_gym.adapters.verifiers_process import importable  # noqa: E402
 from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
@@ -51,7 +51,6 @@ from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
 ARITH, CALC = ENVS / "vf1_arith", ENVS / "vf1_calc"
 SHARED = {"task": {"shared_tools": True}}
-v1mod._add_import_root(ENVS)  # the library's own runs (the reference) import the tasksets too
 
 Policy = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -160,6 +159,13 @@ def wait_tasks(before: set[int], timeout: float = 10.0) -> set[int]:
 
 
 # -- fixtures ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def importable_tasksets() -> Iterator[None]:
+    """The library's own runs (the reference) import the tasksets by name."""
+    with importable(ENVS):
+        yield
+
 
 @pytest.fixture(scope="module")
 def arith_env() -> Iterator[AgentEnv]:
@@ -389,7 +395,8 @@ def test_the_handoff_serves_calls_in_order_one_at_a_time() -> None:
         rollout.set_result(None)  # the rollout ended instead of calling again
         assert await handoff.next_call(rollout) is None
         router.unbind("trace-1", handoff)
-        with pytest.raises(Exception, match="no live openenv_gym episode") as info:
+        # The library's interception server turns a ProviderError into an HTTP answer to the harness.
+        with pytest.raises(vf.ProviderError, match="no live openenv_gym episode") as info:
             await router.answer({"n": 3}, "trace-1")
         assert getattr(info.value, "status_code", None) == 409  # the harness must not retry it
 
@@ -477,3 +484,46 @@ def test_source_layouts(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="cannot tell the taskset module"):
         _resolve_source(tmp_path / "empty")
     assert VerifiersV1Adapter(source=project).env_id == "my_env"
+
+
+def test_a_taskset_whose_own_import_fails_says_what_failed(tmp_path: Path) -> None:
+    """The library reports any ModuleNotFoundError met while importing a taskset as "taskset not
+    found"; the adapter reports the error that really happened (a dependency the project declares)."""
+    pkg = _package(tmp_path, "vf1_needs_figures", "import no_such_dependency_xyz\n" + (ARITH / "__init__.py").read_text())
+    adapter = VerifiersV1Adapter(source=pkg)
+    try:
+        with pytest.raises(ConfigurationError, match="No module named 'no_such_dependency_xyz'") as info:
+            runtime.run_sync(adapter.start(), 60)
+        assert "not found" not in str(info.value)
+    finally:
+        runtime.run_sync(adapter.aclose(), 60)
+
+
+def port_files() -> set[str]:
+    """The port files (``MCP_PORT_FILE``) named in the environment of this process's tool servers."""
+    found = set()
+    for pid in descendants():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found |= {item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"MCP_PORT_FILE=")}
+    return found
+
+
+@pytest.mark.parametrize("env_args", [{}, SHARED], ids=["per-rollout", "shared"])
+def test_no_port_file_of_the_librarys_tool_servers_is_left_behind(env_args: dict) -> None:
+    """Each tool server the library starts writes its port to /tmp/vf-port-<hex>, which the library
+    never removes: the adapter removes those of the servers it had started, once they exit."""
+    env = AgentEnv(VerifiersV1Adapter(source=CALC, env_args=env_args))
+    seen: set[str] = set()
+    try:
+        for index in ((0,) if env_args else (0, 1)):  # a second reset abandons the first rollout
+            env.reset(options={"index": index})
+            files = port_files()
+            assert files and all(Path(f).is_file() for f in files)
+            seen |= files
+    finally:
+        env.close()
+    assert len(seen) == (1 if env_args else 2)  # one shared server, or one per rollout
+    assert not [f for f in seen if Path(f).exists()]

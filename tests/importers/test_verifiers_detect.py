@@ -212,3 +212,54 @@ def test_discovered_packages_are_registered_on_import(tmp_path, monkeypatch):
     assert spec.entry_point == "openenv_gym.registration:make_env"
     assert spec.vector_entry_point == "openenv_gym.registration:make_vec"
     del gym.registry["openenv/vf-arith-v0"]
+
+
+ENVS_MODULE = """
+import verifiers.v1 as vf
+from verifiers.v1 import AgentConfig, EnvConfig
+
+class ArithTask(vf.Task[vf.TaskData]):
+    pass
+
+class ArithTaskset(vf.Taskset[ArithTask, vf.TasksetConfig]):
+    def load(self):
+        return []
+
+class Scripted(vf.SingleAgentEnv):
+    async def run(self, task, agents):
+        await agents.agent.run(task)
+
+class OneSeat(EnvConfig):
+    solver: AgentConfig = AgentConfig()
+    attempts: int = 1
+
+class TwoSeats(OneSeat):
+    judge: vf.AgentConfig = vf.AgentConfig()
+
+class Solo(vf.Env[OneSeat]):
+    async def run(self, task, agents):
+        await agents.solver.run(task)
+
+class Judged(vf.Env[TwoSeats]):
+    async def run(self, task, agents):
+        await agents.solver.run(task)
+
+class JudgedAgain(Judged):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("exported", "seats"), [
+    ("Scripted", None), ("Solo", None), ("Judged", "solver, judge"), ("JudgedAgain", "solver, judge")])
+def test_a_multi_agent_env_is_refused_statically(tmp_path, exported, seats):
+    """A taskset package's exported Env: its seats are its config's AgentConfig fields, read from
+    the syntax tree (inherited ones included); more than one cannot be a Gymnasium env."""
+    pkg = write(tmp_path / "vf1_seats", {
+        "__init__.py": f"from .envs import ArithTaskset, {exported}\n\n__all__ = ['ArithTaskset', '{exported}']\n",
+        "envs.py": ENVS_MODULE})
+    if seats is None:
+        found = detect_verifiers(pkg)
+        assert (found.generation, found.entry, found.env) == ("v1", "ArithTaskset", exported)
+    else:
+        with pytest.raises(DetectionError, match=rf"exports {exported}, a multi-agent Verifiers env \(seats: {seats}\)"):
+            detect_verifiers(pkg)

@@ -153,3 +153,60 @@ def test_venvs_are_cached_by_their_requirements_and_a_half_built_one_is_rebuilt(
     with pytest.raises(openenv_gym.errors.ConfigurationError, match="(?s)building the venv failed.*sse-starlette"):
         venvs.python_for("ors", src)
     assert {p.name for p in venv.parent.iterdir() if p.is_dir()} == built
+
+
+FIGLET_TASKSET = '''
+import pyfiglet  # a dependency the project declares, which this package's own venv does not have
+
+import verifiers.v1 as vf
+
+
+class BannerData(vf.TaskData):
+    answer: str
+
+
+class BannerTask(vf.Task[BannerData]):
+    @vf.reward(weight=1.0)
+    async def exact_match(self, trace: vf.Trace) -> float:
+        return float(trace.last_reply.strip() == self.data.answer)
+
+
+class BannerTaskset(vf.Taskset[BannerTask, vf.TasksetConfig]):
+    def load(self):
+        art = pyfiglet.figlet_format("hi")
+        yield BannerTask(BannerData(name="banner-0", prompt=f"Which word is this?\\n{art}", answer="hi"),
+                         self.config.task)
+
+
+__all__ = ["BannerTaskset"]
+'''
+
+
+def test_an_isolated_packaged_project_gets_its_own_dependencies_and_itself(tmp_path):
+    """The Verifiers packaging (pyproject.toml at the root, the module in a package folder): the
+    project's dependencies and the project itself are installed in the isolated venv."""
+    project = tmp_path / "vf1-figlet"
+    (project / "vf1_figlet").mkdir(parents=True)
+    (project / "vf1_figlet" / "__init__.py").write_text(FIGLET_TASKSET)
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "vf1-figlet"\nversion = "0.1.0"\ndependencies = ["verifiers>=0.3.1", "pyfiglet"]\n'
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[tool.hatch.build.targets.wheel]\npackages = ["vf1_figlet"]\n')
+    with pytest.raises(ModuleNotFoundError):
+        __import__("pyfiglet")  # not in this venv: only the isolated one can play it
+    assert main(["import", str(project), "--name", "Figlet", "--isolated"]) == 0
+    entry = load_catalog()["Figlet"]
+    assert "pyfiglet" in entry.isolated.requirements
+    # the project itself, from its snapshot (editable: the package runs from there)
+    assert [r for r in entry.isolated.requirements if r.startswith("-e ") and Path(r[3:], "vf1_figlet").is_dir()]
+    python = str(venvs.venv_python(Path(entry.isolated.venv)))
+    assert installed(python, "pyfiglet") and installed(python, "vf1-figlet") == "0.1.0"
+    register_catalog()
+    env = gym.make("openenv/Figlet-v0")
+    try:
+        obs, _ = env.reset(options={"index": 0})
+        assert obs[-1]["content"].startswith("Which word is this?\n") and "|" in obs[-1]["content"]
+        _, reward, terminated, *_ = env.step("hi")
+        assert (reward, terminated) == (1.0, True)
+    finally:
+        env.close()
