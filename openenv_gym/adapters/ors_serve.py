@@ -54,6 +54,8 @@ sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 
 _PR_SET_PDEATHSIG = 1
 TOKEN_ENV = "OPENENV_GYM_ORS_TOKEN"
+CAPACITY_FILE = "capacity"
+"""Where the server writes the app's own session limit, when it can read one (before the address)."""
 _HIDDEN_ROUTES = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
@@ -174,7 +176,12 @@ def _server_class(env_cls: type) -> type:
 
 
 def hide_docs(app: Any) -> None:
-    """Remove FastAPI's interactive docs and schema routes: the server exists for the protocol."""
+    """Remove FastAPI's interactive docs and schema routes: the server exists for the protocol.
+
+    An app without a router (a plain ASGI function) serves no such routes and is left as it is.
+    """
+    if getattr(app, "router", None) is None:
+        return
     app.openapi_url = app.docs_url = app.redoc_url = app.swagger_ui_oauth2_redirect_url = None
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _HIDDEN_ROUTES]
 
@@ -182,32 +189,56 @@ def hide_docs(app: Any) -> None:
 class RequireToken:
     """ASGI middleware: every HTTP or WebSocket request must carry ``Authorization: Bearer <token>``.
 
-    The comparison is constant-time (``hmac.compare_digest``); anything else gets ``401`` before
-    the app sees the request. Lifespan events pass through.
+    The scheme is matched in any case (RFC 9110: schemes are case-insensitive, so ``bearer`` is
+    fine), the token in constant time (``hmac.compare_digest``); anything else gets ``401``
+    before the app sees the request. Lifespan events pass through.
     """
 
     def __init__(self, app: Any, token: str):
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(b" "), self._expected)
+        return False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            given = b""
-            for name, value in scope.get("headers", ()):
-                if name == b"authorization":
-                    given = value
-                    break
-            if not hmac.compare_digest(given, self._expected):
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008})
-                    return
-                body = b'{"detail":"missing or wrong server token"}'
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": body})
+        if scope["type"] in ("http", "websocket") and not self._allowed(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
                 return
+            body = b'{"detail":"missing or wrong server token"}'
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b"Bearer")]})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)
+
+
+def app_capacity(app: Any) -> int | None:
+    """The session limit an OpenEnv app was built with (``create_app(max_concurrent_envs=...)``).
+
+    OpenEnv's server object (``HTTPEnvServer``, whose public ``max_concurrent_envs`` is the
+    limit) is not reachable from the app, but every route it registers is a function closing
+    over it: the one such object found among the routes' closures is the answer. ``None`` for
+    any other app (an ORS server, a custom FastAPI app), or when several are found.
+    """
+    router = getattr(app, "router", None)
+    found: set[int] = set()
+    for route in getattr(router, "routes", None) or ():
+        for cell in getattr(getattr(route, "endpoint", None), "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            limit = getattr(value, "max_concurrent_envs", None) if type(value).__name__ == "HTTPEnvServer" else None
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+                found.add(limit)
+    return found.pop() if len(found) == 1 else None
 
 
 def _bind(listen: str, workdir: Path) -> tuple[socket.socket, str]:
@@ -318,6 +349,9 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
     hide_docs(app)
     served = RequireToken(app, token) if args.listen == "tcp" else app
 
+    capacity = app_capacity(app)
+    if capacity is not None:
+        _write_atomically(workdir / CAPACITY_FILE, str(capacity))
     sock, address = _bind(args.listen, workdir)
     _write_atomically(workdir / "address", address)
     config = uvicorn.Config(
