@@ -57,6 +57,17 @@ async def write(response: web.StreamResponse, data: bytes) -> None:
     sent += len(data)
 
 
+async def huge_json(request: web.Request, head: bytes, megabytes: int, tail: bytes) -> web.StreamResponse:
+    """A JSON document of ``megabytes`` MB, chunked (no Content-Length for a client to go by)."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await response.prepare(request)
+    await write(response, head)
+    for _ in range(megabytes * 1024 * 1024 // len(CHUNK)):
+        await write(response, CHUNK.encode())
+    await write(response, tail)
+    return response
+
+
 # -- ORS ----------------------------------------------------------------------------------------------
 async def call(request: web.Request) -> web.StreamResponse:
     body = await request.json()
@@ -91,14 +102,8 @@ async def prompt(request: web.Request) -> web.StreamResponse:
     mode = PROMPTS.get(sessions.get(request.headers.get("X-Session-ID", ""), 0), "ok")
     if mode == "deep_prompt":
         return web.Response(text=deep(100_000), content_type="application/json")
-    if mode == "huge_prompt":  # 200 MB of blocks, chunked (no Content-Length to go by)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        await write(response, b'[{"type":"text","text":"')
-        for _ in range(200 * 1024 * 1024 // len(CHUNK)):
-            await write(response, CHUNK.encode())
-        await write(response, b'"}]')
-        return response
+    if mode == "huge_prompt":
+        return await huge_json(request, b'[{"type":"text","text":"', 200, b'"}]')
     return web.json_response([{"type": "text", "text": "Call act(how) to misbehave."}])
 
 
@@ -176,13 +181,7 @@ async def ws(request: web.Request) -> web.WebSocketResponse:
 
 
 async def huge_schema(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "application/json"})
-    await response.prepare(request)
-    await write(response, b'{"action":{"description":"')
-    for _ in range(100 * 1024 * 1024 // len(CHUNK)):
-        await write(response, CHUNK.encode())
-    await write(response, b'"}}')
-    return response
+    return await huge_json(request, b'{"action":{"description":"', 100, b'"}}')
 
 
 def openenv_routes(app: web.Application) -> None:
