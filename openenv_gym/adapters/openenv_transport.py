@@ -34,8 +34,8 @@ A reply of any type but ``observation`` or ``error`` is a ``ServerError``.
 A channel whose request failed midway (a timeout, a cancellation, a dropped connection, an
 unreadable or unexpected reply) is closed at once and never used again: a late reply must not be
 read as the answer to the next request. The protocol has no request ids, so a reply that nobody
-asked for (a server that answers twice) is caught when it is already waiting as the next request
-goes out: :class:`UnaskedReply`, and the connection is closed.
+asked for (a server that answers twice) is caught when it is already waiting as a request goes out
+(:class:`_Reply`): :class:`UnaskedReply`, and the connection is closed.
 
 What a server sends is bounded (:mod:`openenv_gym.adapters.limits`): a WebSocket message, or an
 HTTP answer, over ``max_response_bytes`` and JSON nested more than ``max_json_depth`` levels are
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -55,7 +55,6 @@ import msgspec
 
 from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.adapters.ors_transport import make_client
-from openenv_gym.wire import TooDeep, clip, decode_within_depth
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -64,6 +63,7 @@ from openenv_gym.errors import (
     ProvisioningError,
     ServerError,
 )
+from openenv_gym.wire import TooDeep, clip, decode_within_depth
 
 __all__ = ["OpenEnvTransport", "Channel", "ActionRejected", "StepFailed", "CapacityReached", "UnaskedReply",
            "reply_error", "split_url"]
@@ -158,29 +158,43 @@ def split_url(url: str) -> tuple[str, str]:
     return base, ws
 
 
-def _waiting_message(ws: Any) -> bytes | str | None:
-    """The message already received on ``ws`` and not yet read, if any; never waits.
+class _Reply:
+    """``await _Reply(ws)``: the next message, and whether it was already waiting when asked for.
 
-    websockets has no public count of queued messages, so this starts a ``recv`` and drives it
-    one step by hand (the coroutine protocol): a queued message is returned without the
-    coroutine ever suspending; otherwise it suspends at once, and is cancelled right there,
-    which websockets documents as safe (nothing is lost; a partly received message stays
-    queued). A connection that closed is left for the request itself to report.
+    Awaited right after a request is sent (nothing in between yields to the event loop), a
+    message that is already queued cannot be the answer: the server could not have answered yet,
+    so it is a reply to an earlier request, sent twice. websockets has no public count of queued
+    messages, so this drives its ``recv`` coroutine by hand (the coroutine protocol, as
+    ``yield from`` would): a queued message makes it return at once, without suspending;
+    otherwise it is awaited as usual, every resumption and cancellation forwarded to it. This
+    costs about what ``await ws.recv()`` does, where a separate poll would cost a ``recv``
+    started and cancelled on every step.
     """
-    coro = ws.recv(decode=False)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    except Exception:  # closed: the request that follows says so, with its context
-        return None
-    try:
-        coro.throw(asyncio.CancelledError())
-    except BaseException:  # the CancelledError coming back out
-        pass
-    finally:
-        coro.close()
-    return None
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, ws: Any):
+        self._coro = ws.recv(decode=False)
+
+    def __await__(self) -> Generator[Any, Any, tuple[bytes, bool]]:
+        coro = self._coro
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            return done.value, True
+        while True:
+            try:
+                sent = yield waiting
+            except BaseException as exc:  # a cancellation, forwarded as asyncio would
+                try:
+                    waiting = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value, False
+            else:
+                try:
+                    waiting = coro.send(sent)
+                except StopIteration as done:
+                    return done.value, False
 
 
 class Channel:
@@ -224,15 +238,6 @@ class Channel:
             raise BackendUnavailable(f"{what}: the connection was closed after an earlier failure")
         payload = _encoder.encode(message)
         ws = self._ws
-        # A message waiting before the first request is the server's refusal of the session
-        # (CAPACITY_REACHED comes unasked, at once): it is the answer. Later, it is a stray reply.
-        stale = _waiting_message(ws) if self.replies else None
-        if stale is not None:
-            self.abort()
-            raise UnaskedReply(
-                f"{what}: the server sent a reply that no request asked for (it answered an earlier request "
-                f"twice): {clip(stale if isinstance(stale, str) else stale.decode('utf-8', 'replace'), 80)}; "
-                "the connection was closed")
         # The hot path of every step, kept lean (it was most of the adapter's CPU per step): a
         # plain try rather than the errors() context manager, and the read limit as one timer
         # that drops the socket (its pending recv then fails) rather than an asyncio.timeout.
@@ -245,7 +250,13 @@ class Channel:
                 # and closes at once: the error is still queued, and recv returns it first.
                 if self.timed_out:
                     raise
-            raw = await ws.recv(decode=False)
+            raw, queued = await _Reply(ws)
+            # Queued before the first request, it is the server's refusal of the session
+            # (CAPACITY_REACHED comes unasked, at once): the answer. Later, a stray reply.
+            if queued and self.replies:
+                raise UnaskedReply(
+                    f"{what}: the server sent a reply that no request asked for (it answered an earlier "
+                    f"request twice): {clip(raw.decode('utf-8', 'replace'), 80)}; the connection was closed")
             reply = decode_within_depth(_reply_decoder, raw, self._depth)
         except BaseException as exc:
             self.abort()

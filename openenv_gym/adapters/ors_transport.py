@@ -22,7 +22,7 @@ Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, mos
     aiohttp.ClientError (the rest)         -> BackendUnavailable  says if a local server exited
     RuntimeError from a closed client      -> BackendUnavailable  "... is closed"
 
-What a server may send is bounded (:class:`Limits`): every answer is read counting its bytes as
+What a server may send is bounded (:class:`~openenv_gym.adapters.limits.Limits`): every answer is read counting its bytes as
 they arrive and refused past ``max_response_bytes`` (a tool-call stream as a whole, pings
 included), and its JSON is refused past ``max_json_depth`` levels; both errors name the limit. A
 tool-call stream is an SSE stream or a ``ServerError``, and its result is returned as soon as it
@@ -50,6 +50,7 @@ import httpx
 import msgspec
 
 from openenv_gym import runtime
+from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -58,7 +59,6 @@ from openenv_gym.errors import (
     ServerError,
     TaskNotFound,
 )
-from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.sse import SSEDecoder
 from openenv_gym.wire import TooDeep, decode_within_depth
 
@@ -301,7 +301,7 @@ class ORSTransport:
         exit_note: for a local server, a coroutine saying how its process exited (or ``""``),
             appended to "cannot be reached" messages.
         max_connections: the size of the connection pool.
-        limits: what one answer may hold (default: :data:`DEFAULT_LIMITS`).
+        limits: what one answer may hold (default: :data:`~openenv_gym.adapters.limits.DEFAULT_LIMITS`).
     """
 
     def __init__(
