@@ -533,14 +533,19 @@ def test_a_single_session_source_passes_check_env_and_a_default_make_vec():
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, source=str(SOLO))
     try:
         obs, infos = envs.reset(seed=0)
-        pids = {o[0]["content"].split("pid: ")[1].split()[0] for o in obs}
+        pids = {int(o[0]["content"].split("pid: ")[1].split()[0]) for o in obs}
         assert len(pids) == 3, "one process per session"
+        assert pids == set(envs._adapters[0].server_pids())
         for expected in ([0.0] * 3, [0.0] * 3, [1.0] * 3):
             obs, rewards, terminated, truncated, infos = envs.step([call("step", move="RIGHT")] * 3)
             assert "error" not in infos and rewards.tolist() == expected
         assert terminated.all()
     finally:
         envs.close()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids), "the processes started for capacity stop with the env"
 
 
 def test_a_single_session_server_learns_from_the_refusal_and_starts_another_process(tmp_path):
