@@ -184,17 +184,14 @@ class _Reply:
             return done.value, True
         while True:
             try:
-                sent = yield waiting
-            except BaseException as exc:  # a cancellation, forwarded as asyncio would
                 try:
+                    sent = yield waiting
+                except BaseException as exc:  # a cancellation, forwarded as asyncio would
                     waiting = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value, False
-            else:
-                try:
+                else:
                     waiting = coro.send(sent)
-                except StopIteration as done:
-                    return done.value, False
+            except StopIteration as done:
+                return done.value, False
 
 
 class Channel:
