@@ -156,7 +156,7 @@ def main() -> None:
 
     env = gym.make("openenv/Arithmetic-v0")
     adapter = env.unwrapped.adapter
-    url = adapter._server.url
+    url = adapter.connection()["url"]
     client = httpx.Client(timeout=60.0, **_raw_client_args(url, httpx.HTTPTransport))
     try:
         run_gym(env, 20, 0), run_raw(client, adapter.env_name, 20, 0)  # warm every path up

@@ -77,7 +77,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
     from openenv_gym.processes import children as _children
 
     server = gym.make("openenv/Arithmetic-v0")
-    url = server.unwrapped.adapter._server.url
+    url = server.unwrapped.adapter.connection()["url"]
     kwargs = {"url": url, "env_name": "arithmetic", "max_turns": 8}
     rounds = max(5, int(seconds * 10))
     try:
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     server = gym.make("openenv/Arithmetic-v0")
-    url = server.unwrapped.adapter._server.url
+    url = server.unwrapped.adapter.connection()["url"]
     kwargs = {"url": url, "env_name": "arithmetic", "max_turns": 8}
     owned = RAY.acquire(None)  # one Ray runtime for every measurement, as a trainer would keep it
     details: dict[str, Any] = {}

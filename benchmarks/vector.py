@@ -94,7 +94,7 @@ def _server() -> tuple[Any, str]:
     import openenv_gym  # noqa: F401
 
     env = gym.make("openenv/Arithmetic-v0")  # keeps the shared Arithmetic server alive for the children
-    return env, env.unwrapped.adapter._server.url
+    return env, env.unwrapped.adapter.connection()["url"]
 
 
 def bench_collapse(reps: int, seconds: float) -> dict[str, Any]:

@@ -109,7 +109,7 @@ for _backend in (
         needs="url= (a running ORS server) or source= (a file or folder)",
         looks_like="openenv_gym.importers.ors:looks_like_ors", detect="openenv_gym.importers:ors_source",
         catalog_kwargs="openenv_gym.importers.catalog:ors_kwargs",
-        family=("openenv_gym.adapters.ors_transport", "openenv_gym.adapters.ors_local"),
+        family=("openenv_gym.adapters.ors_transport",),
     ),
     Backend(
         kind="fleet", adapter="openenv_gym.adapters.fleet:FleetAdapter", extra="fleet", builtin="Fleet",

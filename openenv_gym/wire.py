@@ -43,6 +43,8 @@ __all__ = [
     "msgpack_encode",
     "msgpack_decode",
     "decode_with",
+    "decode_within_depth",
+    "TooDeep",
     "MAX_JSON_DEPTH",
     "JSON_INT_MIN",
     "JSON_INT_MAX",
@@ -166,6 +168,40 @@ def decode_with(decoder: msgspec.json.Decoder | msgspec.msgpack.Decoder, data: b
         return decoder.decode(data)
     except RecursionError:
         raise msgspec.DecodeError("the data is nested too deeply to decode") from None
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"the data is malformed: invalid UTF-8 (byte {exc.start})") from None
+
+
+class TooDeep(msgspec.DecodeError):
+    """JSON whose arrays and objects nest deeper than a limit (``max_depth`` says which)."""
+
+    def __init__(self, max_depth: int):
+        super().__init__(f"arrays and objects nest more than {max_depth} levels deep")
+        self.max_depth = max_depth
+
+
+def decode_within_depth(decoder: msgspec.json.Decoder, data: bytes | str, max_depth: int) -> Any:
+    """:func:`decode_with`, refusing JSON nested more than ``max_depth`` levels with :class:`TooDeep`.
+
+    For JSON a server sent: msgspec (like the standard library's ``json``) decodes nesting up to
+    Python's recursion limit and raises ``RecursionError`` past it, and a value it did decode a
+    thousand levels deep still breaks later Python code that recurses (``copy.deepcopy``,
+    ``repr`` in some wrappers). Nothing real nests that deep, so the limit is far lower. Cheap
+    on the hot path: a document with at most ``max_depth`` brackets (a C-level count) cannot nest
+    deeper and is decoded once; only one with more is first decoded untyped and swept level by
+    level (:func:`_nests_deeper`).
+    """
+    opening = (b"[", b"{") if isinstance(data, bytes) else ("[", "{")
+    try:
+        if data.count(opening[0]) + data.count(opening[1]) > max_depth:
+            plain = _json_decoder.decode(data)
+            if _nests_deeper(plain, max_depth):
+                raise TooDeep(max_depth)
+            if decoder is _json_decoder:
+                return plain
+        return decoder.decode(data)
+    except RecursionError:
+        raise TooDeep(max_depth) from None
     except UnicodeDecodeError as exc:
         raise msgspec.DecodeError(f"the data is malformed: invalid UTF-8 (byte {exc.start})") from None
 

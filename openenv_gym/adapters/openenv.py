@@ -17,9 +17,13 @@ onto the Gymnasium contract (docs/backends.md, OpenEnv):
   ``max_turns`` truncates. The raw observation goes to ``info["observation"]``, its ``metadata``
   to ``info["metadata"]``: never to the agent (an imported ORS task's spec, answers included,
   is in there).
-* An action the server rejects (``VALIDATION_ERROR``, ``INVALID_JSON``) is a message to the agent;
-  the episode goes on. ``CAPACITY_REACHED`` is retried with backoff for ``capacity_wait`` seconds,
-  then raised as :class:`~openenv_gym.errors.BackendUnavailable` saying how to raise the limit.
+* An action the server rejects (``VALIDATION_ERROR``, ``INVALID_JSON``) is a message to the agent,
+  and so is a step whose environment code raised (``EXECUTION_ERROR``, also ``info["error"]``):
+  the episode goes on in the same session, as with OpenEnv's own client.
+* ``CAPACITY_REACHED`` says how many sessions the server allows: a launched ``source`` places the
+  session on another worker (starting one when all are full); a ``url`` server is retried with
+  backoff for ``capacity_wait`` seconds, then :class:`~openenv_gym.errors.BackendUnavailable`
+  says how to give it room.
 * Tasks: a server with OpenEnv's task API (``/list_environments``, ``/{env}/splits``,
   ``num_tasks``, ``task``) gives the splits and tasks, and ``reset`` sends ``split`` and ``index``;
   without it there is one split, ``default``, whose task ``i`` is ``reset(seed=i)`` on the server,
@@ -29,31 +33,37 @@ Connections are pooled per adapter: an episode takes an idle socket (its environ
 reset for the new episode, as OpenEnv's own client does) or opens one; a socket that dropped
 between episodes is replaced; a socket whose request failed or was cancelled is closed, never
 reused. A local ``source`` (an environment folder or an installed environment package) is served
-privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.ors_local`), with
-``MAX_CONCURRENT_ENVS`` high enough for the vector env asking (``expected_sessions``, which
-``gym.make_vec`` passes), in ``server_workers`` processes: each episode's socket goes to the
-worker with the fewest episodes in flight (ties round-robin), whose environment instance it
-then holds to the end, and idle sockets are pooled per worker.
+privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.local_servers`), in
+``server_workers`` processes and as many more as the server's session limit needs for the vector
+env asking (``expected_sessions``, which ``gym.make_vec`` passes): each episode's socket goes to
+the worker with the fewest episodes in flight (ties round-robin) among those with room, whose
+environment instance it then holds to the end, and idle sockets are pooled per worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import enum
-import functools
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from openenv_gym import runtime
 from openenv_gym.actions import Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
-from openenv_gym.adapters import ors_local
+from openenv_gym.adapters import local_servers
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
+from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
+from openenv_gym.adapters.local_servers.group import Server
 from openenv_gym.adapters.openenv_transport import (
     ActionRejected,
     CapacityReached,
     Channel,
     OpenEnvTransport,
+    StepFailed,
+    UnaskedReply,
+    split_url,
 )
 from openenv_gym.errors import BackendError, BackendUnavailable, ConfigurationError, ServerError
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec, json_encode
@@ -68,13 +78,9 @@ SEEDS = 2**31 - 1
 """Tasks in :data:`DEFAULT_SPLIT`: task ``i`` is the server's ``reset(seed=i)``."""
 
 DEFAULT_MAX_CONCURRENT_ENVS = 256
-"""The least ``MAX_CONCURRENT_ENVS`` a launched ``source`` gets (unless ``max_concurrent_envs`` says
-otherwise); a vector env of more sub-envs gets a server sized for it (``expected_sessions``)."""
-
-# Servers this process launched, per (root, app, python, listen, workers), with the
-# MAX_CONCURRENT_ENVS each was started with: an adapter shares a running one that allows the
-# sessions it expects.
-_launched: dict[tuple[str, ...], list[tuple[int, ors_local.ServerGroup]]] = {}
+"""``MAX_CONCURRENT_ENVS`` of each process of a launched ``source`` unless ``max_concurrent_envs``
+says otherwise (environments that read it allow that many sessions per process; more processes
+start when a vector env needs more)."""
 
 _RESERVED = frozenset(("reward", "done", "metadata"))
 
@@ -206,13 +212,7 @@ def step_tool(action_schema: dict[str, Any], description: str = "") -> ToolSpec:
     return ToolSpec("step", text.strip(), schema)
 
 
-class _State(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class OpenEnvAdapter(Adapter):
+class OpenEnvAdapter(ServerReport, Adapter):
     """An OpenEnv environment on a running server (``url``) or a local ``source``.
 
     Args:
@@ -228,25 +228,32 @@ class OpenEnvAdapter(Adapter):
             process under another interpreter instead.
         listen: how a ``source`` server listens: ``"unix"`` (default; a socket in a private
             directory) or ``"tcp"`` (127.0.0.1 with a random token).
-        max_concurrent_envs: ``MAX_CONCURRENT_ENVS`` for a launched ``source``; environments that
-            read it (and support concurrent sessions) accept that many sockets. Default: enough
-            for ``expected_sessions``, at least :data:`DEFAULT_MAX_CONCURRENT_ENVS`.
+        max_concurrent_envs: ``MAX_CONCURRENT_ENVS`` for each process of a launched ``source``;
+            environments that read it (and support concurrent sessions) accept that many
+            sockets per process. Default :data:`DEFAULT_MAX_CONCURRENT_ENVS`.
         expected_sessions: how many episodes will run at once over this adapter's server:
-            ``gym.make_vec`` passes its ``num_envs``. A launched ``source`` then allows at least
-            that many sessions: this adapter shares a running server of the same source that
-            does, and otherwise gets its own, sized for it (a server in use is never restarted
-            under its other users' episodes). Ignored with ``url=`` (size that server yourself).
-        server_workers: how many server processes serve a ``source``, each allowing
-            ``MAX_CONCURRENT_ENVS`` sessions (an episode's WebSocket lives in one: it goes to the
-            worker with the fewest episodes in flight, ties round-robin). Default: 1 for a single
-            env; for a vector env one per 8 sub-envs it runs, at most one per core (and 8); see
-            :func:`~openenv_gym.adapters.ors_local.default_workers`. A CPU-bound environment
-            needs more than one to use more than one core. Ignored with ``url=``.
+            ``gym.make_vec`` passes its ``num_envs``. A launched ``source`` starts enough server
+            processes for them once it knows how many sessions one process allows (the app's own
+            setting, or the limit its first refusal states): a single-session environment
+            (most of OpenEnv's own) gets one process per sub-env. Ignored with ``url=``, where
+            the error says how to size that server.
+        server_workers: how many server processes serve a ``source`` at first, each allowing its
+            own sessions (an episode's WebSocket lives in one: it goes to the worker with the
+            fewest episodes in flight, ties round-robin). Default: 1 for a single env; for a
+            vector env one per 8 sub-envs it runs, at most one per core (and 8); see
+            :func:`~openenv_gym.adapters.local_servers.default_workers`. More are started when
+            the server's session limit needs them. Ignored with ``url=``.
         connect_timeout: seconds to open a connection.
         read_timeout: seconds to wait for one reply (a reset, a step); on expiry the socket is
             closed and :class:`~openenv_gym.errors.BackendTimeout` names this limit.
-        capacity_wait: seconds to keep retrying a server at capacity before giving up.
+        capacity_wait: seconds to keep retrying a server at capacity that cannot be given
+            another process (a ``url=``) before giving up.
         startup_timeout: seconds a local server may take to become healthy.
+        max_response_bytes: the most bytes one WebSocket message or HTTP answer of the server
+            may hold; a bigger one closes the connection and raises
+            :class:`~openenv_gym.errors.ServerError` naming this limit.
+        max_json_depth: how deep arrays and objects may nest in the server's JSON; deeper is a
+            :class:`~openenv_gym.errors.ServerError` naming this limit.
         manifest: the environment's ``openenv.yaml`` fields, as discovery read them (shown in
             ``info`` and by ``openenv-gym info``; nothing else depends on them).
     """
@@ -269,6 +276,8 @@ class OpenEnvAdapter(Adapter):
         read_timeout: float | None = 300.0,
         capacity_wait: float = 10.0,
         startup_timeout: float = 180.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         manifest: dict[str, Any] | None = None,
     ):
         super().__init__()
@@ -276,17 +285,13 @@ class OpenEnvAdapter(Adapter):
             raise ConfigurationError(
                 "give exactly one of url= (a running OpenEnv server) or source= (an environment folder "
                 "or installed environment package)")
-        if listen not in ors_local.LISTEN_MODES:
-            raise ConfigurationError(f"listen must be one of {ors_local.LISTEN_MODES}, not {listen!r}")
-        for key, value in (("max_concurrent_envs", max_concurrent_envs), ("expected_sessions", expected_sessions)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigurationError(f"{key} must be a positive integer")
-        if (source is not None and max_concurrent_envs is not None and expected_sessions is not None
-                and max_concurrent_envs < expected_sessions):
-            raise ConfigurationError(
-                f"max_concurrent_envs={max_concurrent_envs} is fewer than the {expected_sessions} sub-envs "
-                "that will run at once; raise it, or leave it out to size the server for them")
-        self.server_workers = ors_local.check_workers(server_workers)
+        if listen not in local_servers.LISTEN_MODES:
+            raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
+        self.max_concurrent_envs = positive("max_concurrent_envs", max_concurrent_envs, optional=True)
+        self.expected_sessions = positive("expected_sessions", expected_sessions, optional=True)
+        self.server_workers = local_servers.check_workers(server_workers)
+        self.limits = Limits(positive("max_response_bytes", max_response_bytes),
+                             positive("max_json_depth", max_json_depth))
         if headers is not None and not (isinstance(headers, dict)
                                         and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
             raise ConfigurationError("headers must be a dict of strings")
@@ -295,22 +300,14 @@ class OpenEnvAdapter(Adapter):
         self.env_name = env_name
         self.python = server_python
         self.listen = listen
-        self.max_concurrent_envs = max_concurrent_envs
-        self.expected_sessions = expected_sessions
-        self.sessions_limit: int | None = None
-        """``MAX_CONCURRENT_ENVS`` of the launched server this adapter uses (``None`` with ``url=``)."""
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.capacity_wait = capacity_wait
         self.startup_timeout = startup_timeout
         self._headers = dict(headers or {})
         self.manifest = dict(manifest or {})
-        self._state = _State.NEW
-        self._transport: OpenEnvTransport | None = None  # a url= server's
-        self._server: ors_local.ServerGroup | None = None  # a source's workers
-        self._links: dict[ors_local.LocalServer, OpenEnvTransport] = {}  # one transport per worker
-        self._relaunch: asyncio.Lock | None = None
-        self._idle: dict[ors_local.LocalServer | None, list[Channel]] = {}  # per worker (None: url=)
+        self.endpoint: Endpoint[OpenEnvTransport] = Endpoint("OpenEnv", self._link)
+        self._idle: dict[Server, list[Channel]] = {}  # sockets between episodes, per server
         self.mcp = False
         self.task_api = False
         self.name: str | None = None
@@ -318,22 +315,17 @@ class OpenEnvAdapter(Adapter):
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
-    def closed(self) -> bool:
-        return self._state is _State.CLOSED
-
-    def _check_open(self) -> None:
-        if self._state is _State.CLOSED:
-            raise BackendUnavailable("the OpenEnv adapter is closed")
+    def sessions_limit(self) -> int | None:
+        """Sessions one server process allows, once known (the app's setting, or a refusal's)."""
+        return self.endpoint.capacity
 
     async def start(self) -> None:
-        self._check_open()
-        self._state = _State.OPEN
+        self.endpoint.check_open()
         if self.source is not None:
             await self._launch()
         else:
-            self._transport = OpenEnvTransport(
-                self.url or "", headers=self._headers, connect_timeout=self.connect_timeout,
-                read_timeout=self.read_timeout)
+            split_url(self.url or "")  # a malformed URL is a ConfigurationError before anything else
+            self.endpoint.open_remote(self.url or "")
         await self._discover()
 
     async def _launch(self) -> None:
@@ -341,52 +333,24 @@ class OpenEnvAdapter(Adapter):
 
         assert self.source is not None
         found = resolve_source(self.source)
-        workers = self.server_workers or ors_local.default_workers(self.expected_sessions)
-        base = (found.root, found.app, self.python or "", self.listen, str(workers))
-        sessions = self._sessions_for(base)
-        server = await ors_local.acquire(
-            found.root, found.app, found.name, python=self.python, startup_timeout=self.startup_timeout,
-            listen=self.listen, app=found.app, label="OpenEnv server", workers=workers,
-            env={"MAX_CONCURRENT_ENVS": str(sessions), "ENABLE_WEB_INTERFACE": "false"},
-        )
-        if self._state is _State.CLOSED:  # closed while the server started: never leak it
-            await asyncio.to_thread(ors_local.release, server)
-            self._check_open()
-        launched = _launched.setdefault(base, [])
-        if not any(s is server for _, s in launched):
-            launched.append((sessions, server))
-        self._server, self.sessions_limit = server, sessions
+        limit = self.max_concurrent_envs or DEFAULT_MAX_CONCURRENT_ENVS
+        launch = local_servers.Launch(
+            Path(found.root).resolve(), found.app, found.name, self.python or sys.executable, self.listen,
+            app=found.app, env={"MAX_CONCURRENT_ENVS": str(limit), "ENABLE_WEB_INTERFACE": "false"},
+            startup_timeout=self.startup_timeout, label="OpenEnv server")
+        workers = self.server_workers or local_servers.default_workers(self.expected_sessions)
+        await self.endpoint.open_local(launch, workers=workers, expected_sessions=self.expected_sessions)
         self.env_name = self.env_name or found.name
 
-    def _link(self, worker: ors_local.LocalServer) -> OpenEnvTransport:
-        """The transport to one worker of the local server (made on first use)."""
-        transport = self._links.get(worker)
-        if transport is None:
-            transport = self._links[worker] = OpenEnvTransport(
-                worker.url, headers={**self._headers, **worker.auth_headers()}, connect_timeout=self.connect_timeout,
-                read_timeout=self.read_timeout, local=True, exit_note=functools.partial(self._exit_note, worker))
-        return transport
-
-    def _sessions_for(self, base: tuple[str, ...]) -> int:
-        """``MAX_CONCURRENT_ENVS`` to launch (or find) this adapter's server with.
-
-        An explicit ``max_concurrent_envs`` is used as given. Otherwise the largest running server
-        of this source that allows ``expected_sessions`` is shared; if none does, a new one is sized
-        ``max(DEFAULT_MAX_CONCURRENT_ENVS, expected_sessions)``. A smaller server already in use
-        keeps running for its users: restarting it would end their episodes. The limit counts
-        the sessions of all a server's users together (sub-envs of vector envs sharing it, single
-        envs): more at once than that is ``CAPACITY_REACHED``, whose error says how to raise it.
-        """
-        if self.max_concurrent_envs is not None:
-            return self.max_concurrent_envs
-        need = self.expected_sessions or 1
-        running = [(limit, s) for limit, s in _launched.get(base, []) if s.users > 0 and not s.closed]
-        _launched[base] = running
-        fits = [limit for limit, _ in running if limit >= need]
-        return max(fits) if fits else max(DEFAULT_MAX_CONCURRENT_ENVS, need)
+    def _link(self, server: Server) -> OpenEnvTransport:
+        """The transport to one server (a remote URL, or a worker of the local server)."""
+        return OpenEnvTransport(
+            server.url, headers={**self._headers, **server.auth_headers()}, connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout, local=isinstance(server, Worker), exit_note=server.exit_note,
+            limits=self.limits)
 
     async def _discover(self) -> None:
-        transport = self._transport_()
+        transport = self.endpoint.link()
         schema = await transport.get_json("GET", "/schema")
         action = (schema or {}).get("action") or {}
         props = action.get("properties") or {}
@@ -423,89 +387,21 @@ class OpenEnvAdapter(Adapter):
             return {"split": split, "index": 0}
         return {"seed": 0}
 
-    def _transport_(self) -> OpenEnvTransport:
-        """The transport for HTTP routes (the first worker's, for a local source)."""
-        self._check_open()
-        if self._server is not None:
-            return self._link(self._server.workers[0])
-        if self._transport is None:
-            raise BackendUnavailable("the OpenEnv adapter is not started")
-        return self._transport
-
     async def ensure_server(self) -> None:
         """Restart local server workers that died; only the first of many concurrent resets does it.
 
-        Episodes on the other workers go on; sockets to a replaced worker are dropped.
+        Episodes on the other workers go on; idle sockets to a replaced worker are dropped.
         """
-        self._check_open()
-        if self.source is None:
-            return
-        if self._relaunch is None:
-            self._relaunch = asyncio.Lock()
-        if self._server is not None and self._server.alive() and not self._relaunch.locked():
-            return
-        async with self._relaunch:
-            self._check_open()
-            if self._server is None:
-                await self._launch()
-            elif not self._server.alive():
-                await self._server.heal()
-            self._check_open()
-            current = set(self._server.workers) if self._server is not None else set()
-            for worker in [w for w in self._idle if w not in current]:
-                for channel in self._idle.pop(worker):
-                    channel.abort()
-            for worker in [w for w in self._links if w not in current]:
-                await self._links.pop(worker).aclose()
-
-    def server_died(self) -> bool:
-        """True if this adapter launched a local server one of whose workers is no longer running."""
-        return self._server is not None and not self._server.alive()
-
-    def server_pid(self) -> int | None:
-        """PID of the local server process (the first worker's), if this adapter launched one."""
-        return self._server.pid if self._server is not None else None
-
-    def server_pids(self) -> list[int]:
-        """PIDs of the local server's workers, in slot order (``[]`` with ``url=``)."""
-        return self._server.pids() if self._server is not None else []
-
-    def server_sessions(self) -> list[int]:
-        """Episodes in flight on each worker, in slot order, over every adapter sharing them."""
-        return self._server.sessions() if self._server is not None else []
-
-    def connection(self) -> dict[str, Any]:
-        """``url`` and ``headers`` another client needs to reach this adapter's server (headers are secret).
-
-        With several workers that is the first one.
-        """
-        self._check_open()
-        headers = dict(self._headers)
-        if self._server is not None:
-            headers.update(self._server.auth_headers())
-            return {"url": self._server.url, "headers": headers}
-        return {"url": self._transport_().url, "headers": headers}
-
-    async def _exit_note(self, server: ors_local.LocalServer) -> str:
-        for _ in range(25):
-            if not server.alive():
-                return f"; the server process exited with code {server.process.returncode}"
-            await asyncio.sleep(0.02)
-        return ""
+        for server in await self.endpoint.ensure():
+            for channel in self._idle.pop(server, []):
+                channel.abort()
 
     async def aclose(self) -> None:
-        self._state = _State.CLOSED
+        self.endpoint.shut()
         idle = [c for channels in self._idle.values() for c in channels]
         self._idle = {}
         await asyncio.gather(*(c.aclose() for c in idle), return_exceptions=True)
-        links, self._links = list(self._links.values()), {}
-        if self._transport is not None:
-            links.append(self._transport)
-            self._transport = None
-        await asyncio.gather(*(t.aclose() for t in links), return_exceptions=True)
-        if self._server is not None:
-            server, self._server = self._server, None
-            await asyncio.to_thread(ors_local.release, server)
+        await self.endpoint.aclose()
 
     def episode(self) -> OpenEnvEpisode:
         return OpenEnvEpisode(self)
@@ -524,13 +420,13 @@ class OpenEnvAdapter(Adapter):
     async def _fetch_splits(self) -> list[Split]:
         if not self.task_api:
             return [Split(DEFAULT_SPLIT, "train")]
-        raw = await self._transport_().get_json("GET", f"/{self.env_name}/splits")
+        raw = await self.endpoint.link().get_json("GET", f"/{self.env_name}/splits")
         return [_split(s) for s in raw or []]
 
     async def _fetch_num_tasks(self, split: str) -> int:
         if not self.task_api:
             return SEEDS
-        wire = await self._transport_().get_json("POST", f"/{self.env_name}/num_tasks", {"split": split})
+        wire = await self.endpoint.link().get_json("POST", f"/{self.env_name}/num_tasks", {"split": split})
         try:
             return int(wire["num_tasks"])
         except (KeyError, TypeError, ValueError):
@@ -540,7 +436,8 @@ class OpenEnvAdapter(Adapter):
         if not self.task_api:
             await self.num_tasks(split)  # an unknown split is TaskNotFound
             return {"seed": int(index)}
-        wire = await self._transport_().get_json("POST", f"/{self.env_name}/task", {"split": split, "index": index})
+        wire = await self.endpoint.link().get_json("POST", f"/{self.env_name}/task",
+                                                   {"split": split, "index": index})
         task = (wire or {}).get("task")
         return task if isinstance(task, dict) else {"task": task}
 
@@ -554,72 +451,95 @@ class OpenEnvAdapter(Adapter):
 
     # -- sockets ---------------------------------------------------------------------------------
     def give_back(self, channel: Channel) -> None:
-        """Keep a healthy socket for the next episode (its environment instance is reset then)."""
-        worker, channel.route = channel.route, None
-        if worker is not None:
-            ors_local.ServerGroup.done(worker)
-        server = self._server
-        if self._state is _State.OPEN and channel.usable and (worker is None or (
-                server is not None and worker in server.workers)):
-            self._idle.setdefault(worker, []).append(channel)
+        """Keep a healthy socket for the next episode (its environment instance is reset then).
+
+        An idle socket keeps its server session (and so its lease, no longer busy); any other
+        is closed, which gives the session back.
+        """
+        lease: Lease | None = channel.lease
+        servers = self.endpoint.servers
+        if (not self.endpoint.closed and channel.usable and lease is not None and lease.held
+                and servers is not None and lease.server in servers.workers):
+            lease.busy = False
+            self._idle.setdefault(lease.server, []).append(channel)
         else:
             channel.abort()
 
     async def open_session(self, data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
         """A socket whose environment was just reset with ``data``, and the reset's reply.
 
-        A local source's episode goes to the worker :meth:`~ors_local.ServerGroup.pick` chooses
-        (and counts there until :meth:`give_back`). An idle socket of that worker is tried
-        first; one that dropped meanwhile is replaced by a new one. A new socket refused for
-        capacity is retried with backoff for ``capacity_wait`` seconds.
+        The server is the one :meth:`Endpoint.place <openenv_gym.adapters.local_servers.Endpoint.place>`
+        picks (least loaded, with room for a session). An idle socket there is reused; one that
+        dropped meanwhile is replaced by a new one. A new socket refused for capacity teaches the
+        endpoint the server's limit: a launched source then places the session on another
+        worker (starting one if all are full); a server at a URL is retried with backoff for
+        ``capacity_wait`` seconds, then :class:`~openenv_gym.errors.BackendUnavailable` says how
+        to give it room.
         """
-        if self._server is None:
-            return await self._open_on(None, self._transport_(), data)
-        self._check_open()
-        worker = self._server.pick()
-        try:
-            channel, reply = await self._open_on(worker, self._link(worker), data)
-        except BaseException:
-            ors_local.ServerGroup.done(worker)
-            raise
-        channel.route = worker
-        return channel, reply
-
-    async def _open_on(self, worker: ors_local.LocalServer | None, transport: OpenEnvTransport,
-                       data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
+        endpoint = self.endpoint
         message = {"type": "reset", "data": data}
-        idle = self._idle.get(worker)
-        while idle:
-            channel = idle.pop()
-            if not channel.usable:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.capacity_wait
+        backoff = runtime.Backoff(base=0.05, cap=1.0)
+        attempt = 0
+        while True:
+            server = await endpoint.place([s for s, idle in self._idle.items() if idle])
+            idle = self._idle.get(server)
+            if idle:
+                channel = idle.pop()
+                if not channel.usable:
+                    channel.abort()
+                    continue
+                channel.lease.busy = True
+                try:
+                    return channel, await self._reset(channel, message)
+                except (BackendUnavailable, UnaskedReply):
+                    channel.abort()  # dropped while idle (a restarted server, a proxy's idle timeout)
+                    continue
+                except BaseException:
+                    self.give_back(channel)
+                    raise
+            lease = Lease(server)
+            try:
+                channel = await endpoint.link(server).open_channel(on_close=lease.release)
+            except BaseException:
+                lease.release()
+                raise
+            channel.lease = lease
+            try:
+                reply = await self._reset(channel, message)
+            except CapacityReached as exc:
+                capacity = endpoint.learn(lease, exc.max_sessions)
                 channel.abort()
+                if endpoint.can_grow and capacity is not None and server.held >= capacity:
+                    continue  # full by our own count: the next place() uses, or starts, another worker
+                if loop.time() >= deadline:
+                    raise BackendUnavailable(self._capacity_advice(exc, capacity)) from None
+                await asyncio.sleep(min(backoff.delay(attempt), max(0.0, deadline - loop.time())))
+                attempt += 1
                 continue
-            try:
-                return channel, await self._reset(channel, message)
-            except BackendUnavailable:
-                continue  # dropped while idle (a restarted server, a proxy's idle timeout)
-
-        async def fresh() -> tuple[Channel, dict[str, Any]]:
-            channel = await transport.open_channel()
-            try:
-                return channel, await self._reset(channel, message)
             except BaseException:
                 channel.abort()
                 raise
+            lease.confirm()
+            return channel, reply
 
-        try:
-            return await runtime.retry(
-                fresh, retry_if=lambda exc: isinstance(exc, CapacityReached), attempts=1000,
-                deadline=self.capacity_wait, backoff=runtime.Backoff(base=0.05, cap=1.0))
-        except CapacityReached as exc:
-            how = ("pass max_concurrent_envs= (it sets MAX_CONCURRENT_ENVS for the launched server; the "
-                   "environment must read it and set SUPPORTS_CONCURRENT_SESSIONS=True)"
-                   if self.source is not None else
-                   "start the server with a higher limit (create_app(..., max_concurrent_envs=N), or "
-                   "MAX_CONCURRENT_ENVS=N for environments that read it)")
-            raise BackendUnavailable(
-                f"{exc} after retrying for capacity_wait={self.capacity_wait} s; to run more episodes at "
-                f"once, {how}, or use fewer sub-envs") from None
+    def _capacity_advice(self, exc: CapacityReached, capacity: int | None) -> str:
+        """What to do about a server that stays at capacity (the message of the error raised)."""
+        servers = self.endpoint.servers
+        held = sum(s.held for s in servers.workers) if servers is not None else 0
+        allows = f"allows {capacity} session(s) at once" if capacity else "is at its session limit"
+        want = f" ({self.expected_sessions} for this vector env)" if (self.expected_sessions or 1) > 1 else ""
+        if self.source is None:
+            how = (f"start it with room for every session you run at once{want}: create_app(..., "
+                   "max_concurrent_envs=N) with the environment setting SUPPORTS_CONCURRENT_SESSIONS = True, or "
+                   "MAX_CONCURRENT_ENVS=N for environments that read it; or pass source= (the environment's "
+                   "folder or package) instead of url= to have enough server processes started for you; "
+                   "or run fewer envs at once")
+        else:
+            how = "close the envs you no longer use, or run fewer at once"
+        return (f"{exc} after retrying for capacity_wait={self.capacity_wait} s: the server {allows}, and all "
+                f"are in use ({held} by this env's adapter); {how}")
 
     async def _reset(self, channel: Channel, message: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -713,6 +633,11 @@ class OpenEnvEpisode(Episode):
                 text = f"Error: the environment rejected the action: {exc}"
                 messages.append(tool_message(call.id, call.name, text))
                 calls.append({"name": call.name, "ok": False, "reason": "rejected", "error": str(exc)})
+                continue
+            except StepFailed as exc:  # the env's own code raised; the server keeps the session
+                messages.append(tool_message(call.id, call.name, f"Error: the tool failed: {exc}"))
+                calls.append({"name": call.name, "ok": False, "reason": "tool_failed", "error": str(exc)})
+                info["error"] = {"type": "ToolFailed", "message": str(exc), "tool": call.name}
                 continue
             observation = data.get("observation") if isinstance(data.get("observation"), dict) else {}
             metadata = data.get("metadata") or observation.get("metadata") or {}

@@ -13,34 +13,47 @@ Foreign exceptions are translated in one place, :meth:`OpenEnvTransport.translat
     TimeoutError (a limit of ours)          -> BackendTimeout      names the limit that fired
     websockets InvalidStatus 401/403        -> ConfigurationError  the server refused our headers
     websockets InvalidStatus (other)        -> BackendUnavailable
+    websockets ConnectionClosed, sent 1009  -> ServerError         a message over max_response_bytes
     websockets ConnectionClosed             -> BackendUnavailable  close code and reason
     websockets InvalidHandshake, InvalidURI -> BackendUnavailable / ConfigurationError
-    msgspec.DecodeError                     -> ServerError         an unreadable answer
+    wire.TooDeep                            -> ServerError         JSON deeper than max_json_depth
+    msgspec.DecodeError, UnicodeDecodeError -> ServerError         an unreadable answer
     httpx.TimeoutException                  -> BackendTimeout
     httpx.HTTPError, OSError                -> BackendUnavailable  says if a local server exited
 
 Error replies on the socket (``{"type": "error", "data": {"code", "message"}}``) are typed by
 :func:`reply_error`: ``VALIDATION_ERROR`` and ``INVALID_JSON`` are :class:`ActionRejected` (the
-episode turns them into a message for the agent), ``CAPACITY_REACHED`` is :class:`CapacityReached`
-(retried by the adapter), ``FACTORY_ERROR`` a :class:`~openenv_gym.errors.ProvisioningError`,
-``SESSION_ERROR`` a :class:`~openenv_gym.errors.BackendUnavailable`, the rest
-:class:`~openenv_gym.errors.ServerError`.
+episode turns them into a message for the agent), ``EXECUTION_ERROR`` is :class:`StepFailed` (the
+environment's own code raised: the episode tells the agent, and the session goes on, as with
+OpenEnv's own client), ``CAPACITY_REACHED`` is :class:`CapacityReached` (with the server's limit;
+the adapter places the session elsewhere or retries), ``FACTORY_ERROR`` a
+:class:`~openenv_gym.errors.ProvisioningError`, ``SESSION_ERROR`` a
+:class:`~openenv_gym.errors.BackendUnavailable`, the rest :class:`~openenv_gym.errors.ServerError`.
+A reply of any type but ``observation`` or ``error`` is a ``ServerError``.
 
-A channel whose request failed midway (a timeout, a cancellation, a dropped connection) is closed
-at once and never used again: a late reply must not be read as the answer to the next request.
+A channel whose request failed midway (a timeout, a cancellation, a dropped connection, an
+unreadable or unexpected reply) is closed at once and never used again: a late reply must not be
+read as the answer to the next request. The protocol has no request ids, so a reply that nobody
+asked for (a server that answers twice) is caught when it is already waiting as a request goes out
+(:class:`_Reply`): :class:`UnaskedReply`, and the connection is closed.
+
+What a server sends is bounded (:mod:`openenv_gym.adapters.limits`): a WebSocket message, or an
+HTTP answer, over ``max_response_bytes`` and JSON nested more than ``max_json_depth`` levels are
+``ServerError`` naming the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
+from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.adapters.ors_transport import make_client
 from openenv_gym.errors import (
     BackendError,
@@ -50,14 +63,15 @@ from openenv_gym.errors import (
     ProvisioningError,
     ServerError,
 )
+from openenv_gym.wire import TooDeep, clip, decode_within_depth
 
-__all__ = ["OpenEnvTransport", "Channel", "ActionRejected", "CapacityReached", "reply_error", "split_url"]
+__all__ = ["OpenEnvTransport", "Channel", "ActionRejected", "StepFailed", "CapacityReached", "UnaskedReply",
+           "reply_error", "split_url"]
 
 _encoder = msgspec.json.Encoder()
-_decode = msgspec.json.Decoder(dict[str, Any]).decode
-
-MAX_MESSAGE_BYTES = 100 * 1024 * 1024
-"""Largest message accepted from a server (OpenEnv's own client allows 100 MiB: observations may hold images)."""
+_reply_decoder = msgspec.json.Decoder(dict[str, Any])
+_any_decoder = msgspec.json.Decoder()
+_MESSAGE_TOO_BIG = 1009  # the close code websockets sends when a message passes max_size
 
 
 class ActionRejected(ServerError):
@@ -69,8 +83,23 @@ class ActionRejected(ServerError):
         self.errors = errors
 
 
+class StepFailed(ServerError):
+    """The environment's own code raised during a step (``EXECUTION_ERROR``); the session goes on."""
+
+
 class CapacityReached(BackendUnavailable):
-    """The server already runs its ``max_concurrent_envs`` sessions (``CAPACITY_REACHED``)."""
+    """The server already runs its ``max_concurrent_envs`` sessions (``CAPACITY_REACHED``).
+
+    ``max_sessions`` is the limit the server stated (``None`` if it did not).
+    """
+
+    def __init__(self, message: str, max_sessions: int | None = None):
+        super().__init__(message)
+        self.max_sessions = max_sessions
+
+
+class UnaskedReply(ServerError):
+    """A reply was waiting before the request went out: the server answered an earlier one twice."""
 
 
 def _describe_errors(errors: Any) -> str:
@@ -94,8 +123,12 @@ def reply_error(data: Any, what: str) -> BackendError:
     if code in ("VALIDATION_ERROR", "INVALID_JSON"):
         detail = _describe_errors(data.get("errors"))
         return ActionRejected(f"{message}: {detail}" if detail else message, code, data.get("errors"))
+    if code == "EXECUTION_ERROR":
+        return StepFailed(message)
     if code == "CAPACITY_REACHED":
-        return CapacityReached(f"{what}: the server is at capacity ({message})")
+        limit = data.get("max_sessions")
+        limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1 else None
+        return CapacityReached(f"{what}: the server is at capacity ({message})", limit)
     if code == "FACTORY_ERROR":
         return ProvisioningError(f"{what}: the server could not create an environment ({message})")
     if code == "SESSION_ERROR":
@@ -125,21 +158,66 @@ def split_url(url: str) -> tuple[str, str]:
     return base, ws
 
 
-class Channel:
-    """One WebSocket to ``/ws``: one environment instance on the server, one request at a time."""
+class _Reply:
+    """``await _Reply(ws)``: the next message, and whether it was already waiting when asked for.
 
-    def __init__(self, transport: OpenEnvTransport, ws: Any):
+    Awaited right after a request is sent (nothing in between yields to the event loop), a
+    message that is already queued cannot be the answer: the server could not have answered yet,
+    so it is a reply to an earlier request, sent twice. websockets has no public count of queued
+    messages, so this drives its ``recv`` coroutine by hand (the coroutine protocol, as
+    ``yield from`` would): a queued message makes it return at once, without suspending;
+    otherwise it is awaited as usual, every resumption and cancellation forwarded to it. This
+    costs about what ``await ws.recv()`` does, where a separate poll would cost a ``recv``
+    started and cancelled on every step.
+    """
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, ws: Any):
+        self._coro = ws.recv(decode=False)
+
+    def __await__(self) -> Generator[Any, Any, tuple[bytes, bool]]:
+        coro = self._coro
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            return done.value, True
+        while True:
+            try:
+                try:
+                    sent = yield waiting
+                except BaseException as exc:  # a cancellation, forwarded as asyncio would
+                    waiting = coro.throw(exc)
+                else:
+                    waiting = coro.send(sent)
+            except StopIteration as done:
+                return done.value, False
+
+
+class Channel:
+    """One WebSocket to ``/ws``: one environment instance on the server, one request at a time.
+
+    Args:
+        transport: the transport that opened it (its error boundary and limits).
+        ws: the websockets connection.
+        on_close: called once when the channel is closed or dropped (the adapter gives back the
+            server session it counted for it).
+    """
+
+    def __init__(self, transport: OpenEnvTransport, ws: Any, on_close: Callable[[], None] | None = None):
         from websockets.exceptions import ConnectionClosed
 
         self._transport = transport
         self._ws = ws
         self._closed_error = ConnectionClosed
         self._loop = asyncio.get_running_loop()
+        self._on_close = on_close
+        self._depth = transport.limits.json_depth
         self.broken = False
         self.timed_out = False
         self.replies = 0
-        self.route: Any = None
-        """Set by whoever routed this socket to its server (the adapter: the worker it counts on)."""
+        self.lease: Any = None
+        """Set by whoever placed this socket on its server (the adapter: its lease there)."""
 
     @property
     def usable(self) -> bool:
@@ -147,11 +225,11 @@ class Channel:
         return not self.broken and self._ws.state.name == "OPEN"
 
     async def request(self, message: dict[str, Any], what: str, timeout: float | None) -> dict[str, Any]:
-        """Send ``message`` and return the ``data`` of its ``observation`` (or other) reply.
+        """Send ``message`` and return the ``data`` of its ``observation`` reply.
 
         An ``error`` reply raises its typed error (:func:`reply_error`); the channel stays usable
-        after :class:`ActionRejected` (the server goes on with the session) and is closed after
-        any other failure.
+        after :class:`ActionRejected` and :class:`StepFailed` (the server goes on with the
+        session) and is closed after any other failure, a reply of another type included.
         """
         if self.broken:
             raise BackendUnavailable(f"{what}: the connection was closed after an earlier failure")
@@ -169,8 +247,14 @@ class Channel:
                 # and closes at once: the error is still queued, and recv returns it first.
                 if self.timed_out:
                     raise
-            raw = await ws.recv(decode=False)
-            reply = _decode(raw)
+            raw, queued = await _Reply(ws)
+            # Queued before the first request, it is the server's refusal of the session
+            # (CAPACITY_REACHED comes unasked, at once): the answer. Later, a stray reply.
+            if queued and self.replies:
+                raise UnaskedReply(
+                    f"{what}: the server sent a reply that no request asked for (it answered an earlier "
+                    f"request twice): {clip(raw.decode('utf-8', 'replace'), 80)}; the connection was closed")
+            reply = decode_within_depth(_reply_decoder, raw, self._depth)
         except BaseException as exc:
             self.abort()
             if not isinstance(exc, Exception):
@@ -183,22 +267,33 @@ class Channel:
             if timer is not None:
                 timer.cancel()
         self.replies += 1
-        if reply.get("type") == "error":
+        kind = reply.get("type")
+        if kind == "observation":
+            data = reply.get("data")
+            return data if isinstance(data, dict) else {}
+        if kind == "error":
             error = reply_error(reply.get("data"), what)
-            if not isinstance(error, ActionRejected):
+            if not isinstance(error, (ActionRejected, StepFailed)):
                 self.abort()
             raise error
-        data = reply.get("data")
-        return data if isinstance(data, dict) else {}
+        self.abort()
+        raise ServerError(f"{what}: the server sent a reply of type {clip(str(kind), 40)}, not an observation "
+                          "(another protocol, or version skew); the connection was closed")
 
     def _expire(self) -> None:
         """The read limit passed: drop the connection, so the pending request fails as a timeout."""
         self.timed_out = True
         self.abort()
 
+    def _closed(self) -> None:
+        self.broken = True
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
     def abort(self) -> None:
         """Drop the connection now, without a closing handshake (it may be hung)."""
-        self.broken = True
+        self._closed()
         transport = getattr(self._ws, "transport", None)
         if transport is not None:
             transport.abort()
@@ -207,7 +302,7 @@ class Channel:
         """Say goodbye (``{"type": "close"}``) and close; never raises, never waits past ``timeout``."""
         if self.broken:
             return self.abort()
-        self.broken = True
+        self._closed()
         try:
             async with asyncio.timeout(timeout):
                 with contextlib.suppress(Exception):
@@ -227,6 +322,7 @@ class OpenEnvTransport:
         connect_timeout: seconds to open a connection (TCP, TLS and the WebSocket handshake).
         local: a server this process launched (no proxies from the environment).
         exit_note: for a local server, a coroutine saying how its process exited (or ``""``).
+        limits: what one answer may hold (default: :data:`~openenv_gym.adapters.limits.DEFAULT_LIMITS`).
     """
 
     def __init__(
@@ -238,8 +334,10 @@ class OpenEnvTransport:
         read_timeout: float | None = 300.0,
         local: bool = False,
         exit_note: Callable[[], Awaitable[str]] | None = None,
+        limits: Limits | None = None,
     ):
         self.url = url
+        self.limits = limits or DEFAULT_LIMITS
         self.http_url, self.ws_url = split_url(url)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -288,6 +386,9 @@ class OpenEnvTransport:
                     f"(HTTP {status}); check headers=")
             return BackendUnavailable(
                 f"{what}: the OpenEnv server at {self.shown_url()} refused the WebSocket (HTTP {status})")
+        if isinstance(exc, wse.ConnectionClosed) and exc.sent is not None and exc.sent.code == _MESSAGE_TOO_BIG \
+                and exc.rcvd is None:
+            return too_large(what, self.limits.response_bytes, " (a WebSocket message; the connection was closed)")
         if isinstance(exc, wse.ConnectionClosed):
             reason = f"code {exc.rcvd.code}" + (f": {exc.rcvd.reason}" if exc.rcvd and exc.rcvd.reason else "") \
                 if exc.rcvd else "no close frame"
@@ -296,7 +397,9 @@ class OpenEnvTransport:
             return ConfigurationError(f"{what}: not a WebSocket URL ({exc})")
         if isinstance(exc, wse.InvalidHandshake):
             return BackendUnavailable(f"{what}: the WebSocket handshake failed ({type(exc).__name__}: {exc})")
-        if isinstance(exc, msgspec.DecodeError):
+        if isinstance(exc, TooDeep):
+            return too_deep(what, self.limits.json_depth)
+        if isinstance(exc, (msgspec.DecodeError, UnicodeDecodeError)):
             return ServerError(f"{what}: the server sent an unreadable answer ({exc})")
         if isinstance(exc, httpx.TimeoutException):
             return BackendTimeout(f"{what}: no answer within read_timeout={read_limit} s ({type(exc).__name__})")
@@ -315,15 +418,15 @@ class OpenEnvTransport:
         return BackendUnavailable(message)
 
     # -- WebSocket -----------------------------------------------------------------------------------
-    async def open_channel(self) -> Channel:
-        """A new WebSocket to ``/ws`` (a new environment instance on the server)."""
+    async def open_channel(self, on_close: Callable[[], None] | None = None) -> Channel:
+        """A new WebSocket to ``/ws`` (a new environment instance on the server); see :class:`Channel`."""
         from websockets.asyncio.client import connect, unix_connect
 
         if self.closed:
             raise BackendUnavailable(f"the connection to the OpenEnv server at {self.shown_url()} is closed")
         options: dict[str, Any] = dict(
             additional_headers=self._headers or None, open_timeout=self.connect_timeout,
-            max_size=MAX_MESSAGE_BYTES, compression=None, close_timeout=1.0, user_agent_header=None,
+            max_size=self.limits.response_bytes, compression=None, close_timeout=1.0, user_agent_header=None,
         )
         async with self.errors("connect", read_limit=self.connect_timeout):
             try:
@@ -335,7 +438,7 @@ class OpenEnvTransport:
                 raise BackendTimeout(
                     f"could not connect to the OpenEnv server at {self.shown_url()} within "
                     f"connect_timeout={self.connect_timeout} s") from None
-        return Channel(self, ws)
+        return Channel(self, ws, on_close)
 
     # -- HTTP ----------------------------------------------------------------------------------------
     async def get_json(self, method: str, path: str, body: Any = None, *,
@@ -351,14 +454,19 @@ class OpenEnvTransport:
         what = f"{method} {path}"
         async with self.errors(what, read_limit=self.read_timeout):
             content = _encoder.encode(body) if body is not None else None
-            response = await self._http.request(
+            request = self._http.build_request(
                 method, path, content=content,
                 headers={"Content-Type": "application/json"} if content is not None else None)
-            status = response.status_code
-            if status in missing:
-                return None
+            response = await self._http.send(request, stream=True)
+            try:
+                status = response.status_code
+                if status in missing:
+                    return None
+                raw = await self._read(response, what)
+            finally:
+                await response.aclose()
             if status >= 400:
-                detail = _detail(response)
+                detail = _detail(raw)
                 if status >= 500:
                     raise ServerError(f"{what}: HTTP {status}: {detail}")
                 if status in (401, 403):
@@ -367,13 +475,27 @@ class OpenEnvTransport:
                 if status == 400 and "index" in detail.lower():
                     raise TaskNotFound(f"{what}: {detail}")
                 raise ConfigurationError(f"{what}: HTTP {status}: {detail}")
-            return msgspec.json.decode(response.content)
+            return decode_within_depth(_any_decoder, raw, self.limits.json_depth)
+
+    async def _read(self, response: httpx.Response, what: str) -> bytes:
+        """The body, counted as it arrives (decompressed): past ``max_response_bytes`` it is dropped."""
+        limit = self.limits.response_bytes
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(what, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(raw: bytes) -> str:
+    """A FastAPI error's ``detail``, or the start of the body (at most 500 characters)."""
     try:
-        detail = msgspec.json.decode(response.content)
+        detail = decode_within_depth(_any_decoder, raw, 32)
         detail = detail.get("detail", detail) if isinstance(detail, dict) else detail
-    except msgspec.DecodeError:
-        detail = response.text[:200]
-    return detail if isinstance(detail, str) else msgspec.json.encode(detail).decode()[:500]
+        text = detail if isinstance(detail, str) else _encoder.encode(detail).decode()
+    except (msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError):
+        text = raw[:500].decode("utf-8", "replace")
+    return text[:500]

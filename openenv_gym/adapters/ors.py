@@ -15,21 +15,22 @@ differences:
   errors from :mod:`openenv_gym.errors` within bounded time, each timeout naming its limit;
 * a ``/ping`` keeps the session alive while a slow policy thinks (servers reap idle sessions).
 
-The layers: :class:`ORSEpisode` holds the episode logic (turns, tool calls, ``finished``) and
-talks only to the public methods of :class:`ORSAdapter`, which owns the server (remote ``url``, or
-a local ``source`` served privately by :mod:`openenv_gym.adapters.ors_local`, in ``server_workers``
-processes with each session routed to the one that created it), the session bookkeeping and the
-lifecycle; every HTTP/SSE call and the translation of its failures live in
-:mod:`openenv_gym.adapters.ors_transport`.
+The layers: :class:`ORSEpisode` holds the episode logic (turns, tool calls, ``finished``) and its
+session's own state (the session id, its lease on the server that holds it, the link there, the
+time of its last request), and calls the public methods of :class:`ORSAdapter`, which speaks the
+protocol. Where requests go (a remote ``url``, or a local ``source`` served privately in
+``server_workers`` processes, each session routed to the one that created it) and the adapter's
+lifecycle are an :class:`~openenv_gym.adapters.local_servers.Endpoint`; every HTTP/SSE call and
+the translation of its failures live in :mod:`openenv_gym.adapters.ors_transport`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import enum
-import functools
+import contextlib
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -37,8 +38,11 @@ from typing import Any
 
 
 from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
-from openenv_gym.adapters import ors_local
+from openenv_gym.adapters import local_servers
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
+from openenv_gym.adapters.local_servers.group import Server
+from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.ors_transport import (
     Block as _Block,
     ListTools as _ListTools,
@@ -54,7 +58,7 @@ from openenv_gym.adapters.ors_transport import (
     ToolOutput as _ToolOutput,
     encode,
 )
-from openenv_gym.errors import BackendError, BackendTimeout, BackendUnavailable, ConfigurationError, SourceNotFound
+from openenv_gym.errors import BackendError, BackendTimeout, ConfigurationError, SourceNotFound
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["ORSAdapter", "ORSEpisode", "blocks_to_content"]
@@ -82,15 +86,7 @@ def _tool_specs(wire: _ListTools) -> list[ToolSpec]:
     return [ToolSpec(t.name, t.description, t.input_schema) for t in wire.tools]
 
 
-class _State(enum.Enum):
-    """Where an adapter is in its life (like httpx's ``ClientState``)."""
-
-    NEW = "new"  # built; start() not called yet
-    OPEN = "open"  # start() called: requests may go out, a dead local server is relaunched
-    CLOSED = "closed"  # aclose() called: every entry point raises, nothing is launched again
-
-
-class ORSAdapter(Adapter):
+class ORSAdapter(ServerReport, Adapter):
     """An ORS environment on a remote server (``url``) or a local source (``source``).
 
     Args:
@@ -111,21 +107,27 @@ class ORSAdapter(Adapter):
             reads; redacted from ``env.spec`` and never logged.
         headers: extra HTTP headers for every request (e.g. an API key for a hosted server).
         connect_timeout, read_timeout: limits of one request: opening a connection, and each read
-            (``read_timeout`` also bounds the wait for a pooled connection). Keep ``read_timeout`` above 10 s: servers send a
-            keep-alive comment every 10 s while a tool runs.
+            (``read_timeout`` is the longest a server may stay silent, in an answer or a tool-call
+            stream, and also bounds the wait for a pooled connection). Keep ``read_timeout`` above
+            10 s: servers send a keep-alive comment every 10 s while a tool runs.
         call_timeout: the most one tool call (with its resumes) may take.
         ping_interval: seconds of inactivity after which a session is pinged (servers reap
             sessions idle for 900 s).
         startup_timeout: seconds a local server may take to become healthy.
         resume_attempts: how often a dropped tool-call stream is resumed by its ``task_id``.
-        server_workers: how many server processes serve a ``source`` (each session lives in one:
-            a new episode goes to the worker with the fewest sessions in flight, ties
-            round-robin, and stays there). Default: 1 for a single env; for a vector env one per
-            8 sub-envs it runs, at most one per core (and 8); see
-            :func:`~openenv_gym.adapters.ors_local.default_workers`. A CPU-bound tool needs more
-            than one to use more than one core. Ignored with ``url=``.
+        server_workers: how many server processes serve a ``source`` at first (each session
+            lives in one: a new episode goes to the worker with the fewest sessions in flight,
+            ties round-robin, and stays there). Default: 1 for a single env; for a vector env one
+            per 8 sub-envs it runs, at most one per core (and 8); see
+            :func:`~openenv_gym.adapters.local_servers.default_workers`. A CPU-bound tool needs
+            more than one to use more than one core. Ignored with ``url=``.
         expected_sessions: how many episodes will run at once over this adapter's server
             (``gym.make_vec`` passes its ``num_envs``); it sets the default ``server_workers``.
+        max_response_bytes: the most bytes one answer of the server may hold (a tool-call
+            stream as a whole); a bigger one is cut off unread and raises
+            :class:`~openenv_gym.errors.ServerError` naming this limit.
+        max_json_depth: how deep arrays and objects may nest in the server's JSON; deeper is a
+            :class:`~openenv_gym.errors.ServerError` naming this limit.
     """
 
     kind = "ors"
@@ -150,17 +152,18 @@ class ORSAdapter(Adapter):
         resume_attempts: int = 3,
         server_workers: int | None = None,
         expected_sessions: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     ):
         super().__init__()
         if (url is None) == (source is None):
             raise ConfigurationError("give exactly one of url= (a running ORS server) or source= (a local file or folder)")
-        if listen not in ors_local.LISTEN_MODES:
-            raise ConfigurationError(f"listen must be one of {ors_local.LISTEN_MODES}, not {listen!r}")
-        self.server_workers = ors_local.check_workers(server_workers)
-        if expected_sessions is not None and (not isinstance(expected_sessions, int)
-                                              or isinstance(expected_sessions, bool) or expected_sessions < 1):
-            raise ConfigurationError("expected_sessions must be a positive integer")
-        self.expected_sessions = expected_sessions
+        if listen not in local_servers.LISTEN_MODES:
+            raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
+        self.server_workers = local_servers.check_workers(server_workers)
+        self.expected_sessions = positive("expected_sessions", expected_sessions, optional=True)
+        self.limits = Limits(positive("max_response_bytes", max_response_bytes),
+                             positive("max_json_depth", max_json_depth))
         self.url = url.rstrip("/") if url else None
         self.source = Path(source).resolve() if source is not None else None
         self.env_class = env_class
@@ -177,52 +180,30 @@ class ORSAdapter(Adapter):
         self.resume_attempts = resume_attempts
         self.flavour = "ors"
         self.terminal_tool: _TerminalTool | None = None
-        self._state = _State.NEW
+        self.endpoint: Endpoint[ORSTransport] = Endpoint("ORS", self._link)
         self._tools: list[ToolSpec] = []
-        self._transport: ORSTransport | None = None  # a url= server's
-        self._server: ors_local.ServerGroup | None = None  # a source's workers
-        self._links: dict[ors_local.LocalServer, ORSTransport] = {}  # one transport per worker
-        self._routes: dict[str, ors_local.LocalServer] = {}  # session id -> the worker that holds it
         self._secret_header: str | None = None
-        self._active: dict[str, float] = {}  # session id -> monotonic time of its last request
+        self._live: set[ORSEpisode] = set()  # episodes holding a session: pinged, deleted at close
         self._pinger: asyncio.Task[None] | None = None
         self._deleting: set[asyncio.Task[None]] = set()
-        self._relaunch: asyncio.Lock | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`aclose` has been called; a closed adapter never opens again."""
-        return self._state is _State.CLOSED
-
-    def _check_open(self) -> None:
-        if self._state is _State.CLOSED:
-            raise BackendUnavailable("the ORS adapter is closed")
-
     async def start(self) -> None:
-        self._check_open()
-        self._state = _State.OPEN
+        self.endpoint.check_open()
         if self._secrets:
             payload = {k: {"value": v} for k, v in self._secrets.items()}
             self._secret_header = base64.b64encode(encode(payload, "secrets")).decode()
         if self.source is not None:
             await self._launch()
         else:
-            self._connect(self.url or "")
+            self.endpoint.open_remote(self.url or "")
         await self._discover()
 
-    def _connect(self, url: str) -> None:
-        self._transport = ORSTransport(url, timeouts=self.timeouts, headers=self._headers)
-
-    def _link(self, worker: ors_local.LocalServer) -> ORSTransport:
-        """The transport to one worker of the local server (made on first use)."""
-        transport = self._links.get(worker)
-        if transport is None:
-            transport = self._links[worker] = ORSTransport(
-                worker.url, timeouts=self.timeouts, headers={**self._headers, **worker.auth_headers()}, local=True,
-                exit_note=functools.partial(self._exit_note, worker),
-            )
-        return transport
+    def _link(self, server: Server) -> ORSTransport:
+        """The transport to one server (a remote URL, or a worker of the local server)."""
+        local = isinstance(server, Worker)
+        return ORSTransport(server.url, timeouts=self.timeouts, headers={**self._headers, **server.auth_headers()},
+                            local=local, exit_note=server.exit_note, limits=self.limits)
 
     async def _launch(self) -> None:
         assert self.source is not None
@@ -235,19 +216,15 @@ class ORSAdapter(Adapter):
             self.module_file, self.env_class = found.module_file, found.env_class
             self.env_name = self.env_name or found.env_name
         root = self.source if self.source.is_dir() else self.source.parent
-        module_file = self.module_file or self.source.name
-        workers = self.server_workers or ors_local.default_workers(self.expected_sessions)
-        server = await ors_local.acquire(
-            root, module_file, self.env_class, python=self.python, startup_timeout=self.startup_timeout,
-            listen=self.listen, workers=workers,
-        )
-        if self._state is _State.CLOSED:  # closed while the server started: never leak it
-            await asyncio.to_thread(ors_local.release, server)
-            self._check_open()
-        self._server = server
+        launch = local_servers.Launch(root, self.module_file or self.source.name, self.env_class or "",
+                                      self.python or sys.executable, self.listen,
+                                      startup_timeout=self.startup_timeout, label="ORS server")
+        workers = self.server_workers or local_servers.default_workers(self.expected_sessions)
+        await self.endpoint.open_local(launch, workers=workers, expected_sessions=self.expected_sessions)
 
     async def _discover(self) -> None:
-        envs = await self._transport_().request("GET", "/list_environments", decode=list[str])
+        link = self.endpoint.link()
+        envs = await link.request("GET", "/list_environments", decode=list[str])
         if self.env_name is None:
             if not envs:
                 raise ConfigurationError("the ORS server lists no environments")
@@ -255,120 +232,27 @@ class ORSAdapter(Adapter):
         elif self.env_name not in envs:
             raise ConfigurationError(f"the ORS server has no environment {self.env_name!r}; it has {envs}")
         # /version exists only on openreward servers: that decides where secrets go.
-        version = await self._transport_().request("GET", "/version", check=False)
+        version = await link.request("GET", "/version", check=False)
         self.flavour = "openreward" if version.status_code == 200 else "ors"
-        wire = await self._transport_().request("GET", f"/{self.env_name}/tools", decode=_ListTools)
+        wire = await link.request("GET", f"/{self.env_name}/tools", decode=_ListTools)
         self._tools = _tool_specs(wire)
         self.terminal_tool = wire.terminal_tool
 
-    def _transport_(self) -> ORSTransport:
-        """The transport for requests outside a session (the first worker's, for a local source)."""
-        self._check_open()
-        if self._server is not None:
-            return self._link(self._server.workers[0])
-        if self._transport is None:
-            raise BackendUnavailable("the ORS adapter is not started")
-        return self._transport
-
-    def _session_transport(self, sid: str) -> ORSTransport:
-        """The transport to the worker that holds session ``sid``."""
-        worker = self._routes.get(sid)
-        if worker is None:
-            return self._transport_()
-        self._check_open()
-        return self._link(worker)
-
-    def _unroute(self, sid: str) -> ORSTransport | None:
-        """Forget where ``sid`` lives (one session fewer on its worker); its transport, if known."""
-        worker = self._routes.pop(sid, None)
-        if worker is None:
-            return self._transport
-        ors_local.ServerGroup.done(worker)
-        return self._links.get(worker)
-
-    async def ensure_server(self) -> None:
-        """Restart local server workers that died (the next episodes then run on fresh ones).
-
-        Many sessions share an adapter and may find a worker dead at once: only the first
-        restarts it, the others wait for it; sessions on the other workers go on. A closed
-        adapter raises instead of launching.
-        """
-        self._check_open()
-        if self.source is None:
-            return  # a remote server is not ours to relaunch
-        if self._relaunch is None:
-            self._relaunch = asyncio.Lock()
-        if self._server is not None and self._server.alive() and not self._relaunch.locked():
-            return
-        async with self._relaunch:
-            self._check_open()
-            if self._server is None:
-                await self._launch()
-            elif not self._server.alive():
-                await self._server.heal()
-            self._check_open()
-            await self._drop_stale_links()
-
-    async def _drop_stale_links(self) -> None:
-        """Close the transports of workers that were replaced; their sessions died with them."""
-        current = set(self._server.workers) if self._server is not None else set()
-        for sid, worker in list(self._routes.items()):
-            if worker not in current:
-                self._active.pop(sid, None)
-        stale = [w for w in self._links if w not in current]
-        for worker in stale:
-            await self._links.pop(worker).aclose()
-
-    def server_pid(self) -> int | None:
-        """PID of the local server process (the first worker's), if this adapter launched one."""
-        return self._server.pid if self._server is not None else None
-
-    def server_pids(self) -> list[int]:
-        """PIDs of the local server's workers, in slot order (``[]`` with ``url=``)."""
-        return self._server.pids() if self._server is not None else []
-
-    def server_sessions(self) -> list[int]:
-        """Sessions in flight on each worker, in slot order, over every adapter sharing them."""
-        return self._server.sessions() if self._server is not None else []
-
-    def connection(self) -> dict[str, Any]:
-        """``url`` and ``headers`` another client needs to reach this adapter's server.
-
-        For a local TCP server the headers hold its token: a secret, pass it on but never log it.
-        ``gym.make("openenv/ORS-v0", **adapter.connection())`` connects to the same server; with
-        several workers that is the first one (its sessions then all run there).
-        """
-        self._check_open()
-        headers = dict(self._headers)
-        if self._server is not None:
-            headers.update(self._server.auth_headers())
-            return {"url": self._server.url, "headers": headers}
-        return {"url": self._transport_().url, "headers": headers}
-
     async def aclose(self) -> None:
         """Close for good: end the sessions (waiting at most :data:`CLOSE_TIMEOUT`), stop the server."""
-        self._state = _State.CLOSED
+        self.endpoint.shut()
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
-        for sid in {*self._active, *self._routes}:
-            self._start_delete(sid)
+        for episode in list(self._live):
+            self._start_delete(episode)
         if self._deleting:
             _, pending = await asyncio.wait(set(self._deleting), timeout=CLOSE_TIMEOUT)
             for task in pending:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-        for sid in list(self._routes):  # never started, or already gone: free the count for the others
-            self._unroute(sid)
-        links, self._links = list(self._links.values()), {}
-        if self._transport is not None:
-            links.append(self._transport)
-            self._transport = None
-        await asyncio.gather(*(t.aclose() for t in links), return_exceptions=True)
-        if self._server is not None:
-            server, self._server = self._server, None
-            await asyncio.to_thread(ors_local.release, server)
+        await self.endpoint.aclose()
 
     def episode(self) -> ORSEpisode:
         return ORSEpisode(self)
@@ -376,33 +260,24 @@ class ORSAdapter(Adapter):
     def info(self) -> dict[str, Any]:
         return {"backend": "ors", "env_name": self.env_name, "server_flavour": self.flavour}
 
-    async def _exit_note(self, server: ors_local.LocalServer) -> str:
-        """How a local server worker exited, if it did (for "cannot be reached" messages)."""
-        # A killed server resets its connections before its exit is visible: give the kernel a
-        # moment, so the error can say the process died and how.
-        for _ in range(25):
-            if not server.alive():
-                return f"; the server process exited with code {server.process.returncode}"
-            await asyncio.sleep(0.02)
-        return ""
-
     # -- tasks and tools -------------------------------------------------------------------------
     async def tools(self) -> list[ToolSpec]:
         return list(self._tools)
 
     async def _fetch_splits(self) -> list[Split]:
-        raw = await self._transport_().request("GET", f"/{self.env_name}/splits", decode=list[_SplitWire | str])
+        raw = await self.endpoint.link().request("GET", f"/{self.env_name}/splits", decode=list[_SplitWire | str])
         return [Split(s, s if s in ("train", "validation", "test") else "validation") if isinstance(s, str)
                 else Split(s.name, s.type) for s in raw]
 
     async def _fetch_num_tasks(self, split: str) -> int:
         body = {"split": split}
-        wire = await self._transport_().request("POST", f"/{self.env_name}/num_tasks", body=body, decode=_NumTasks)
+        wire = await self.endpoint.link().request("POST", f"/{self.env_name}/num_tasks", body=body, decode=_NumTasks)
         return wire.num_tasks
 
     async def task(self, split: str, index: int) -> dict[str, Any]:
         body = {"split": split, "index": index}
-        return (await self._transport_().request("POST", f"/{self.env_name}/task", body=body, decode=_TaskWire)).task
+        return (await self.endpoint.link().request("POST", f"/{self.env_name}/task", body=body,
+                                                   decode=_TaskWire)).task
 
     # -- session calls (what ORSEpisode uses) ----------------------------------------------------
     def _create_body(self, task: TaskRef) -> dict[str, Any]:
@@ -415,38 +290,33 @@ class ORSAdapter(Adapter):
             body["secrets"] = self._secrets  # ors-sdk reads the body; openreward answers 422 to it
         return body
 
-    async def create_session(self, sid: str, task: TaskRef) -> None:
+    async def create_session(self, sid: str, task: TaskRef) -> Lease:
         """``POST /create``: bind session ``sid`` to ``task`` (retried only where it cannot have run).
 
-        A task spec that cannot be JSON raises :class:`~openenv_gym.errors.ConfigurationError`.
-        A local source's session goes to the worker :meth:`~ors_local.ServerGroup.pick` chooses,
-        and every later request of ``sid`` goes there too.
+        Returns the session's lease: the server it lives on (for a local source the worker
+        :meth:`Endpoint.lease <openenv_gym.adapters.local_servers.Endpoint.lease>` chose), where
+        every later request of ``sid`` goes. A task spec that cannot be JSON raises
+        :class:`~openenv_gym.errors.ConfigurationError`.
         """
-        if self._server is not None:
-            self._check_open()
-            worker = self._server.pick()
-            self._routes[sid] = worker
-            transport = self._link(worker)
-        else:
-            transport = self._transport_()
-        headers = {"X-Secrets": self._secret_header} if self._secret_header else None
-        try:
-            await transport.request("POST", "/create", body=self._create_body(task), sid=sid, headers=headers,
-                                    idempotent=False)
-        except BaseException:
-            self._unroute(sid)
-            raise
+        endpoint = self.endpoint
+        lease = await endpoint.lease()
+        with contextlib.ExitStack() as undo:
+            undo.enter_context(lease)  # given back unless the session was created
+            headers = {"X-Secrets": self._secret_header} if self._secret_header else None
+            await endpoint.link(lease.server).request(
+                "POST", "/create", body=self._create_body(task), sid=sid, headers=headers, idempotent=False)
+            undo.pop_all()
+        return lease
 
-    async def opening(self, sid: str) -> tuple[list[Message], list[ToolSpec]]:
+    async def opening(self, link: ORSTransport, sid: str) -> tuple[list[Message], list[ToolSpec]]:
         """The opening messages and the tools of session ``sid`` (prompt or messages, and task tools)."""
-        transport = self._session_transport(sid)
         env = self.env_name
         if self.flavour == "openreward":
-            prompt_req = transport.request("GET", f"/{env}/messages", sid=sid, decode=list[_MessageWire])
+            prompt_req = link.request("GET", f"/{env}/messages", sid=sid, decode=list[_MessageWire])
         else:
-            prompt_req = transport.request("GET", f"/{env}/prompt", sid=sid, decode=list[_Block])
+            prompt_req = link.request("GET", f"/{env}/prompt", sid=sid, decode=list[_Block])
         prompt, task_tools = await asyncio.gather(
-            prompt_req, transport.request("GET", f"/{env}/task_tools", sid=sid, decode=_ListTools)
+            prompt_req, link.request("GET", f"/{env}/task_tools", sid=sid, decode=_ListTools)
         )
         if self.flavour == "openreward":
             messages: list[Message] = [{"role": m.role, "content": blocks_to_content(m.blocks)} for m in prompt]
@@ -454,7 +324,8 @@ class ORSAdapter(Adapter):
             messages = [user_message(blocks_to_content(prompt))]
         return messages, _tool_specs(task_tools)
 
-    async def call_tool(self, sid: str, name: str, arguments: dict[str, Any] | None) -> _RunToolResult | str:
+    async def call_tool(self, link: ORSTransport, sid: str, name: str,
+                        arguments: dict[str, Any] | None) -> _RunToolResult | str:
         """Run a tool; returns the server's result, or the text of an SSE ``error`` event.
 
         A stream that drops after the server announced the call's ``task_id`` is resumed with
@@ -463,62 +334,61 @@ class ORSAdapter(Adapter):
         is sent. Timeouts say which limit fired: ``call_timeout`` for the call as a whole, or
         ``connect_timeout``/``read_timeout`` for one request.
         """
-        transport = self._session_transport(sid)
+        self.endpoint.check_open()
         path = f"/{self.env_name}/call"
         try:
             async with asyncio.timeout(self.call_timeout) as deadline:
-                return await transport.call_tool(path, sid, name, arguments, resume_attempts=self.resume_attempts)
+                return await link.call_tool(path, sid, name, arguments, resume_attempts=self.resume_attempts)
         except TimeoutError:
             if deadline.expired():
                 raise BackendTimeout(f"tool {name!r} did not finish within call_timeout={self.call_timeout} s") from None
             raise  # a limit of the transport fired: its own error already says which
 
-    async def delete_session(self, sid: str) -> None:
-        """``POST /delete``, best effort (a server that is gone or slow reaps the session itself)."""
-        await self._delete(self._unroute(sid), sid)
-
-    @staticmethod
-    async def _delete(transport: ORSTransport | None, sid: str) -> None:
-        if transport is not None and not transport.closed:
-            await transport.delete_session(sid, timeout=5.0)
-
     # -- session keep-alive and teardown ---------------------------------------------------------
-    def touch(self, sid: str) -> None:
-        """Record activity on ``sid`` (servers reap sessions idle for 900 s)."""
-        if self._state is _State.CLOSED:
+    def touch(self, episode: ORSEpisode) -> None:
+        """Record activity on ``episode``'s session (servers reap sessions idle for 900 s)."""
+        if self.endpoint.closed:
             return
-        self._active[sid] = time.monotonic()
+        episode.last_active = time.monotonic()
+        self._live.add(episode)
         if self._pinger is None and self.ping_interval > 0:
             self._pinger = asyncio.get_running_loop().create_task(self._ping_loop())
 
-    def end_session(self, sid: str) -> None:
-        """Delete ``sid`` in the background: the step that ended the episode need not wait for it.
+    def end_session(self, episode: ORSEpisode) -> None:
+        """Delete ``episode``'s session in the background: the step that ended it need not wait.
 
         :meth:`aclose` waits for pending deletes (at most :data:`CLOSE_TIMEOUT`). After close the
         server is gone or no longer ours to call, so nothing is sent.
         """
-        self._active.pop(sid, None)
-        if self._state is not _State.CLOSED:
-            self._start_delete(sid)
+        if self.endpoint.closed:
+            self._live.discard(episode)
+            if episode.lease is not None:
+                episode.lease.release()
+            return
+        self._start_delete(episode)
 
-    def _start_delete(self, sid: str) -> None:
-        self._active.pop(sid, None)
-        # Unrouted now, not when the task runs: the next episode's pick must see the session gone.
-        task = asyncio.get_running_loop().create_task(self._delete(self._unroute(sid), sid))
+    def _start_delete(self, episode: ORSEpisode) -> None:
+        self._live.discard(episode)
+        sid, link, lease = episode.sid, episode.link, episode.lease
+        if lease is not None:
+            lease.release()  # now, not when the delete runs: the next episode's choice must see it gone
+        if sid is None or link is None:
+            return
+        task = asyncio.get_running_loop().create_task(link.delete_session(sid, timeout=5.0))
         self._deleting.add(task)
         task.add_done_callback(self._deleting.discard)
 
     async def _ping_loop(self) -> None:
         # One task per adapter rather than per episode: 1,024 sessions cost one timer, not 1,024.
         interval = self.ping_interval
-        while self._state is not _State.CLOSED:
+        while not self.endpoint.closed:
             await asyncio.sleep(interval / 4)
             now = time.monotonic()
-            for sid, last in list(self._active.items()):
-                if now - last >= interval and sid in self._active:
-                    self._active[sid] = now
+            for episode in list(self._live):
+                if now - episode.last_active >= interval and episode in self._live and episode.link is not None:
+                    episode.last_active = now
                     try:
-                        await self._session_transport(sid).request("POST", "/ping", sid=sid, check=False)
+                        await episode.link.request("POST", "/ping", sid=episode.sid, check=False)
                     except BackendError:
                         pass  # the next real request reports the failure with its context
 
@@ -529,27 +399,32 @@ class ORSEpisode(Episode):
     def __init__(self, adapter: ORSAdapter):
         self.adapter = adapter
         self.sid: str | None = None
+        self.lease: Lease | None = None
+        """The session's place: the server it lives on (every request of the session goes there)."""
+        self.link: ORSTransport | None = None
+        self.last_active = 0.0
+        """Monotonic time of the session's last request (the adapter pings it when idle)."""
         self.finished = False
         self.tools: dict[str, ToolSpec] = {}
 
     async def start(self, task: TaskRef) -> Opening:
         adapter = self.adapter
-        await adapter.ensure_server()
+        await adapter.endpoint.ensure()
         sid = uuid.uuid4().hex
-        await adapter.create_session(sid, task)
-        self.sid = sid
+        self.lease = await adapter.create_session(sid, task)
+        self.sid, self.link = sid, adapter.endpoint.link(self.lease.server)
         try:
-            messages, tools = await adapter.opening(sid)
+            messages, tools = await adapter.opening(self.link, sid)
         except BaseException:
             await self.aclose()
             raise
         self.tools = {t.name: t for t in tools}
-        adapter.touch(sid)
+        adapter.touch(self)
         return Opening(messages=messages, tools=tools, task_id=task.task_id, info={"session_id": sid})
 
     async def step(self, turn: Turn) -> Outcome:
         adapter = self.adapter
-        if self.sid is None:
+        if self.sid is None or self.link is None:
             raise BackendError("the episode has not started")
         if turn.error is not None:
             return Outcome([unreadable_reply(turn.error)])
@@ -576,9 +451,9 @@ class ORSEpisode(Episode):
                 messages.append(refused[0])
                 results.append(refused[1])
                 continue
-            adapter.touch(self.sid)
+            adapter.touch(self)
             try:
-                result = await adapter.call_tool(self.sid, call.name, call.arguments)
+                result = await adapter.call_tool(self.link, self.sid, call.name, call.arguments)
             except NotJSON as exc:  # the agent's arguments: its to fix, the episode goes on
                 problem = f"Error: {exc}."
                 messages.append(tool_message(call.id, call.name, problem))
@@ -605,6 +480,6 @@ class ORSEpisode(Episode):
         return Outcome(messages, reward=reward, terminated=self.finished, info=info)
 
     async def aclose(self) -> None:
-        if self.sid is not None:
-            sid, self.sid = self.sid, None
-            self.adapter.end_session(sid)
+        if self.lease is not None:
+            self.adapter.end_session(self)
+            self.sid = self.link = self.lease = None

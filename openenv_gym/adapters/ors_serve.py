@@ -34,7 +34,6 @@ What the child does, and why:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hmac
 import importlib.util
 import io
@@ -47,29 +46,28 @@ import threading
 from pathlib import Path
 from typing import Any
 
+try:
+    from openenv_gym.processes import (
+        GC_THRESHOLDS, die_with_parent, is_stopped, proc_state, process_start_time, tune_gc,
+    )
+except ImportError:  # run as a script by path, where openenv_gym may not be importable: its one copy by path
+    _spec = importlib.util.spec_from_file_location(
+        "_openenv_gym_processes", Path(__file__).resolve().parent.parent / "processes.py")
+    assert _spec is not None and _spec.loader is not None
+    _processes = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_processes)
+    GC_THRESHOLDS, die_with_parent, is_stopped = _processes.GC_THRESHOLDS, _processes.die_with_parent, _processes.is_stopped
+    proc_state, process_start_time, tune_gc = _processes.proc_state, _processes.process_start_time, _processes.tune_gc
+
 # Run by path, this file's folder lands first on sys.path, and openenv_gym's own adapters/ors.py
 # would then shadow the ors-sdk package: take the folder out before anything imports `ors`.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 
-_PR_SET_PDEATHSIG = 1
 TOKEN_ENV = "OPENENV_GYM_ORS_TOKEN"
+CAPACITY_FILE = "capacity"
+"""Where the server writes the app's own session limit, when it can read one (before the address)."""
 _HIDDEN_ROUTES = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
-
-    The one copy of this for every server the package starts (this file must stay importable
-    without openenv_gym, since it may run under another interpreter, so it lives here).
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent's atexit hook still stops us
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        sys.exit(1)
 
 
 # -- bounded log ---------------------------------------------------------------------------------
@@ -174,7 +172,12 @@ def _server_class(env_cls: type) -> type:
 
 
 def hide_docs(app: Any) -> None:
-    """Remove FastAPI's interactive docs and schema routes: the server exists for the protocol."""
+    """Remove FastAPI's interactive docs and schema routes: the server exists for the protocol.
+
+    An app without a router (a plain ASGI function) serves no such routes and is left as it is.
+    """
+    if getattr(app, "router", None) is None:
+        return
     app.openapi_url = app.docs_url = app.redoc_url = app.swagger_ui_oauth2_redirect_url = None
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _HIDDEN_ROUTES]
 
@@ -182,32 +185,56 @@ def hide_docs(app: Any) -> None:
 class RequireToken:
     """ASGI middleware: every HTTP or WebSocket request must carry ``Authorization: Bearer <token>``.
 
-    The comparison is constant-time (``hmac.compare_digest``); anything else gets ``401`` before
-    the app sees the request. Lifespan events pass through.
+    The scheme is matched in any case (RFC 9110: schemes are case-insensitive, so ``bearer`` is
+    fine), the token in constant time (``hmac.compare_digest``); anything else gets ``401``
+    before the app sees the request. Lifespan events pass through.
     """
 
     def __init__(self, app: Any, token: str):
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, given = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(b" "), self._expected)
+        return False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            given = b""
-            for name, value in scope.get("headers", ()):
-                if name == b"authorization":
-                    given = value
-                    break
-            if not hmac.compare_digest(given, self._expected):
-                if scope["type"] == "websocket":
-                    await send({"type": "websocket.close", "code": 1008})
-                    return
-                body = b'{"detail":"missing or wrong server token"}'
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": body})
+        if scope["type"] in ("http", "websocket") and not self._allowed(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
                 return
+            body = b'{"detail":"missing or wrong server token"}'
+            await send({"type": "http.response.start", "status": 401, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b"Bearer")]})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)
+
+
+def app_capacity(app: Any) -> int | None:
+    """The session limit an OpenEnv app was built with (``create_app(max_concurrent_envs=...)``).
+
+    OpenEnv's server object (``HTTPEnvServer``, whose public ``max_concurrent_envs`` is the
+    limit) is not reachable from the app, but every route it registers is a function closing
+    over it: the one such object found among the routes' closures is the answer. ``None`` for
+    any other app (an ORS server, a custom FastAPI app), or when several are found.
+    """
+    router = getattr(app, "router", None)
+    found: set[int] = set()
+    for route in getattr(router, "routes", None) or ():
+        for cell in getattr(getattr(route, "endpoint", None), "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            limit = getattr(value, "max_concurrent_envs", None) if type(value).__name__ == "HTTPEnvServer" else None
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+                found.add(limit)
+    return found.pop() if len(found) == 1 else None
 
 
 def _bind(listen: str, workdir: Path) -> tuple[socket.socket, str]:
@@ -278,33 +305,6 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def proc_state(pid: int) -> str:
-    """The kernel's state letter of ``pid`` (``R``, ``S``, ``T``, ``Z``...), ``"?"`` where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "?"
-
-
-def is_stopped(pid: int) -> bool:
-    """True while ``pid`` is stopped (SIGSTOP, a debugger): it answers nothing, and a SIGTERM
-    would wait for a SIGCONT that may never come, so only a SIGKILL ends it."""
-    return proc_state(pid) in ("T", "t")
-
-
-def process_start_time(pid: int) -> str:
-    """The kernel's start time of ``pid`` (``/proc/<pid>/stat`` field 22), ``"-"`` where unknown.
-
-    A pid plus its start time names one process even after the pid is reused.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "-"
-
-
 def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
     os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
     import uvicorn
@@ -318,6 +318,9 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
     hide_docs(app)
     served = RequireToken(app, token) if args.listen == "tcp" else app
 
+    capacity = app_capacity(app)
+    if capacity is not None:
+        _write_atomically(workdir / CAPACITY_FILE, str(capacity))
     sock, address = _bind(args.listen, workdir)
     _write_atomically(workdir / "address", address)
     config = uvicorn.Config(
@@ -392,30 +395,6 @@ def lean_sse() -> bool:
     __call__.lean = True  # type: ignore[attr-defined]
     EventSourceResponse.__call__ = __call__  # type: ignore[method-assign]
     return True
-
-
-GC_THRESHOLDS = (50_000, 20, 100)
-"""What :func:`tune_gc` sets (Python's defaults: 700, 10, 10)."""
-
-
-def tune_gc() -> None:
-    """Collect garbage far less often than Python's defaults, from now on.
-
-    A process with many sessions in flight holds many young objects (each request's frames,
-    tasks and buffers; the SDKs keep each finished tool call for a minute), and with the default
-    thresholds the collector walks them again every few hundred allocations. Served from one
-    process, 128 sub-envs stepped at about half the rate of 8 (benchmarks/vector.py,
-    "collapse"); a client of 1,024 sub-envs spends nearly twice as much per env-step as one of 8.
-    What the process has loaded so far is frozen out of every collection, and collections come
-    about 70 times less often; garbage cycles wait a little longer, which such a process can
-    afford. Every server the package starts calls this once its app is loaded; a training
-    process that steps hundreds of sub-envs may call it too (``openenv_gym.tune_gc()``; the
-    rollout command does).
-    """
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,20 @@ endpoints, policies) keep httpx through :func:`make_client`.
 Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first::
 
     _Retry503 (503 until retries ran out)  -> BackendUnavailable
+    wire.TooDeep                           -> ServerError         JSON deeper than max_json_depth
     msgspec.DecodeError, UnicodeDecodeError -> ServerError        an unreadable answer
     aiohttp.ConnectionTimeoutError         -> BackendTimeout      connect_timeout (or no free connection)
     aiohttp.ServerTimeoutError, TimeoutError -> BackendTimeout    read_timeout
     aiohttp.ClientPayloadError             -> ServerError         a body that cannot be decoded
     aiohttp.ClientError (the rest)         -> BackendUnavailable  says if a local server exited
     RuntimeError from a closed client      -> BackendUnavailable  "... is closed"
+
+What a server may send is bounded (:class:`~openenv_gym.adapters.limits.Limits`): every answer is read counting its bytes as
+they arrive and refused past ``max_response_bytes`` (a tool-call stream as a whole, pings
+included), and its JSON is refused past ``max_json_depth`` levels; both errors name the limit. A
+tool-call stream is an SSE stream or a ``ServerError``, and its result is returned as soon as it
+arrives: a server that keeps the stream open after the ``end`` event (with pings, or silently)
+gets :data:`END_GRACE` seconds to close it, then the connection is dropped.
 
 HTTP statuses become errors in :func:`raise_for_status` (5xx ``ServerError``, ``Invalid split`` /
 ``Invalid index`` ``TaskNotFound``, a lost session ``BackendUnavailable``, other 4xx
@@ -33,7 +41,6 @@ import asyncio
 import codecs
 import contextlib
 import functools
-import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -43,6 +50,7 @@ import httpx
 import msgspec
 
 from openenv_gym import runtime
+from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -52,6 +60,7 @@ from openenv_gym.errors import (
     TaskNotFound,
 )
 from openenv_gym.sse import SSEDecoder
+from openenv_gym.wire import TooDeep, decode_within_depth
 
 __all__ = [
     "ORSTransport",
@@ -137,8 +146,14 @@ def _decoder(type_: Any) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(type_)
 
 
-_decode_result = _decoder(RunToolResult).decode
+_result_decoder = _decoder(RunToolResult)
+_any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+END_GRACE = 0.5
+"""Seconds a tool-call stream may stay open after its result (the ``end`` or ``error`` event)
+before the connection is dropped. A server closes it at once; one that keeps it open (pings after
+the result) must not hold the step up. Waiting briefly keeps the connection for reuse."""
 
 
 class NotJSON(ConfigurationError):
@@ -175,11 +190,14 @@ class Reply(NamedTuple):
 
 
 def _detail(reply: Reply) -> str:
+    """The ``detail`` of a FastAPI error, or the start of the body (never more than 500 characters)."""
     try:
-        detail = json.loads(reply.content).get("detail", reply.text)
-    except (ValueError, AttributeError):
-        detail = reply.text
-    return detail if isinstance(detail, str) else json.dumps(detail)
+        detail = decode_within_depth(_any_decoder, reply.content, 32)
+        detail = detail.get("detail", detail) if isinstance(detail, dict) else detail
+        text = detail if isinstance(detail, str) else _encoder.encode(detail).decode()
+    except (msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError):
+        text = reply.text
+    return text if len(text) <= 500 else text[:500] + "..."
 
 
 class _Retry503(BackendError):
@@ -283,6 +301,7 @@ class ORSTransport:
         exit_note: for a local server, a coroutine saying how its process exited (or ``""``),
             appended to "cannot be reached" messages.
         max_connections: the size of the connection pool.
+        limits: what one answer may hold (default: :data:`~openenv_gym.adapters.limits.DEFAULT_LIMITS`).
     """
 
     def __init__(
@@ -294,9 +313,11 @@ class ORSTransport:
         local: bool = False,
         exit_note: Callable[[], Awaitable[str]] | None = None,
         max_connections: int = 16,
+        limits: Limits | None = None,
     ):
         self.url = url
         self.timeouts = timeouts
+        self.limits = limits or DEFAULT_LIMITS
         self.closed = False
         self._exit_note = exit_note
         connector: aiohttp.BaseConnector
@@ -324,6 +345,8 @@ class ORSTransport:
             yield
         except _Retry503 as exc:
             raise BackendUnavailable(str(exc)) from None
+        except TooDeep:
+            raise too_deep(what, self.limits.json_depth) from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 is not a DecodeError
             raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
         except BackendError:
@@ -360,6 +383,23 @@ class ORSTransport:
         return f"the connection to the ORS server at {self.url} is closed"
 
     # -- requests ----------------------------------------------------------------------------------
+    async def _read(self, response: aiohttp.ClientResponse, what: str) -> bytes:
+        """The whole body, counted as it arrives: over ``max_response_bytes`` it is never read whole."""
+        limit = self.limits.response_bytes
+        length = response.content_length
+        if length is not None and "Content-Encoding" not in response.headers:
+            if length > limit:  # aiohttp reads exactly Content-Length bytes: known before reading
+                raise too_large(what, limit, f" (Content-Length {length})")
+            return await response.read()
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(what, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def _send(self, method: str, path: str, content: bytes | None, headers: dict[str, str] | None,
                     check: bool, timeout: float | None) -> Reply:
         if self.closed:
@@ -368,7 +408,7 @@ class ORSTransport:
         limits = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         async with self._client.request(method, self._base + path, data=content, headers=headers,
                                         **limits) as response:
-            reply = Reply(response.status, response.headers, await response.read())
+            reply = Reply(response.status, response.headers, await self._read(response, f"{method} {path}"))
         if check:
             raise_for_status(reply, f"{method} {path}")
         return reply
@@ -406,7 +446,8 @@ class ORSTransport:
                 once, retry_if=_transient if idempotent else _refused, attempts=5, deadline=30.0,
                 delay_for=_retry_after,
             )
-            return reply if decode is None else _decoder(decode).decode(reply.content)
+            return reply if decode is None else decode_within_depth(_decoder(decode), reply.content,
+                                                                    self.limits.json_depth)
 
     async def delete_session(self, sid: str, timeout: float) -> None:
         """``POST /delete``, best effort: a server that is gone or slow reaps the session itself."""
@@ -441,15 +482,25 @@ class ORSTransport:
                         raise BackendUnavailable(self._closed_text())
                     async with self._client.post(self._base + path, data=content, headers=headers) as response:
                         if response.status != 200:
-                            raise_for_status(Reply(response.status, response.headers, await response.read()),
-                                             f"POST {path}")
+                            raise_for_status(Reply(response.status, response.headers,
+                                                   await self._read(response, f"POST {path}")), f"POST {path}")
+                        kind = response.headers.get("Content-Type", "")
+                        if not kind.lower().startswith("text/event-stream"):
+                            start = (await response.content.read(200)).decode("utf-8", "replace")
+                            raise ServerError(
+                                f"POST {path}: the server answered a tool call with "
+                                f"{kind.split(';')[0].strip() or 'no content type'} "
+                                f"instead of an event stream (text/event-stream): {start!r}")
                         decoder = SSEDecoder()
                         text = codecs.getincrementaldecoder("utf-8")()
                         parts: list[str] = []
-                        # Read to the end of the stream even after the result: a response closed
-                        # early drops its connection, and a new one per call costs more than the
-                        # whole rest of the step.
-                        async for chunk in response.content.iter_any():
+                        limit = self.limits.response_bytes
+                        received = 0
+                        stream = response.content
+                        async for chunk in stream.iter_any():
+                            received += len(chunk)
+                            if received > limit:
+                                raise too_large(f"tool {name!r}", limit)
                             for event in decoder.feed(text.decode(chunk)):
                                 if event.event == "task_id":
                                     task_id = event.data
@@ -457,7 +508,7 @@ class ORSTransport:
                                     parts.append(event.data)
                                 elif event.event == "end" and outcome is None:
                                     parts.append(event.data)
-                                    outcome = _decode_result("".join(parts))
+                                    outcome = self._result("".join(parts))
                                 elif event.event == "error" and outcome is None:
                                     if "task_id" in body and event.data == "unknown task_id":
                                         raise BackendError(
@@ -465,13 +516,18 @@ class ORSTransport:
                                             "has the call's result (kept 60 s); it may or may not have run"
                                         )
                                     outcome = event.data
-                        for event in decoder.feed(text.decode(b"", final=True)) + decoder.close():
-                            if event.event == "end" and outcome is None:
-                                parts.append(event.data)
-                                outcome = _decode_result("".join(parts))
-                        if outcome is not None:
-                            return outcome
-                        raise _StreamEnded("the tool-call stream ended before its result")
+                            if outcome is not None:
+                                break
+                        if outcome is None:  # the stream ended: a last event may lack its blank line
+                            for event in decoder.feed(text.decode(b"", final=True)) + decoder.close():
+                                if event.event == "end" and outcome is None:
+                                    parts.append(event.data)
+                                    outcome = self._result("".join(parts))
+                            if outcome is None:
+                                raise _StreamEnded("the tool-call stream ended before its result")
+                        elif not stream.at_eof():
+                            await self._finish(response)
+                        return outcome
                 except _Retry503 as exc:
                     last_exc = exc
                     await asyncio.sleep(exc.after if exc.after is not None else backoff.delay(attempt))
@@ -487,3 +543,22 @@ class ORSTransport:
                     last_exc = exc
                     await asyncio.sleep(backoff.delay(attempt))
             raise last_exc or _StreamEnded("no attempt made")
+
+    def _result(self, data: str) -> RunToolResult:
+        return decode_within_depth(_result_decoder, data, self.limits.json_depth)
+
+    @staticmethod
+    async def _finish(response: aiohttp.ClientResponse) -> None:
+        """Wait briefly for a tool-call stream to end after its result; drop the connection otherwise.
+
+        The end of the stream usually arrives with the result. Reading it lets the connection be
+        reused (a new one per call costs more than the rest of the step); a server that keeps
+        the stream open, or sends more, is cut off after :data:`END_GRACE` seconds.
+        """
+        try:
+            async with asyncio.timeout(END_GRACE):
+                rest = await response.content.readany()
+            if rest or not response.content.at_eof():
+                response.close()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            response.close()

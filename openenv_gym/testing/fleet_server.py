@@ -760,8 +760,9 @@ class FleetTestApp:
         await self.routes(scope, receive, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
-        given = headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.state.api_key}".encode())
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        # The scheme is case-insensitive (RFC 9110); the key itself is compared exactly.
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), self.state.api_key.encode())
 
     async def _mcp(
         self, scope: Scope, receive: Receive, send: Send, instance_id: str, sub: str, headers: dict[str, str]

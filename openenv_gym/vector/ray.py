@@ -354,7 +354,7 @@ class RayVectorEnv(RedactedSpec, AgentVectorEnv):
             raise ConfigurationError("num_actors must be at least 1")
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any actor starts
         # The actors already spread the sub-envs over the CPUs: each actor's local source gets one
-        # server process unless server_workers says otherwise (see ors_local.default_workers).
+        # server process unless server_workers says otherwise (see local_servers.group.default_workers).
         if "server_workers" not in adapter.kwargs and "server_workers" in (adapter.accepted_here() or ()):
             adapter = AdapterSpec(adapter.entry, {**adapter.kwargs, "server_workers": 1})
         owns_ray = RAY.acquire(address)

@@ -31,6 +31,7 @@ pytest.importorskip("openenv")
 pytestmark = pytest.mark.timeout(240)
 
 GRID = ENVS / "openenv_grid_env"
+SOLO = ENVS / "openenv_solo_env"
 ECHO = ENVS / "openenv_echo_env"
 TASKS = ENVS / "openenv_tasks_env"
 
@@ -335,14 +336,23 @@ def test_hung_server_times_out_and_the_socket_is_not_reused():
 def test_slow_step_times_out_naming_the_limit():
     server = Uvicorn("openenv_grid_env", extra_env={"GRID_STAY_SECONDS": "3"}).wait()
     env = gym.make("openenv/OpenEnv-v0", url=server.url, read_timeout=0.5)
+    cut = gym.make("openenv/OpenEnv-v0", url=server.url, step_timeout=0.5)  # a cancellation, not a read limit
     try:
         env.reset()
         with pytest.raises(BackendTimeout, match="read_timeout=0.5"):
             env.step(call("step", move="STAY"))
         env.reset()
         assert "x: 1" in env.step(call("step", move="RIGHT"))[0][0]["content"]
+        cut.reset()
+        with pytest.raises(BackendTimeout, match="step_timeout=0.5"):
+            cut.step(call("step", move="STAY"))
+        time.sleep(3)  # the late reply to the cancelled step would arrive now, on the dropped socket
+        cut.reset()
+        obs, reward, *_ = cut.step(call("step", move="DOWN"))
+        assert "x: 0\ny: 1" in obs[0]["content"] and reward == pytest.approx(-0.1)
     finally:
         env.close()
+        cut.close()
         server.stop()
 
 
@@ -419,44 +429,177 @@ def test_source_over_tcp_needs_the_token():
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             with pytest.raises(ConfigurationError, match="refused"):
                 gym.make("openenv/OpenEnv-v0", url=conn["url"], headers=headers)
+        # the scheme is case-insensitive (RFC 9110): a client sending "bearer" gets in, socket and all
+        token = conn["headers"]["Authorization"].split(" ", 1)[1]
+        other = gym.make("openenv/OpenEnv-v0", url=conn["url"], headers={"Authorization": f"bearer {token}"})
+        try:
+            other.reset()
+            assert other.step(call("step", move="DOWN"))[1] == pytest.approx(-0.1)
+        finally:
+            other.close()
     finally:
         env.close()
 
 
-def test_a_vector_env_sizes_the_launched_server_and_leaves_a_smaller_one_alone(monkeypatch):
-    """MAX_CONCURRENT_ENVS follows the vector env asking (here more sub-envs than the default)."""
+def test_a_vector_env_gets_enough_server_processes_for_the_sessions_one_allows(monkeypatch):
+    """MAX_CONCURRENT_ENVS is per process; a vector env bigger than that gets more processes."""
     from openenv_gym.adapters import openenv as adapter_module
 
     monkeypatch.setattr(adapter_module, "DEFAULT_MAX_CONCURRENT_ENVS", 2)
-    with pytest.raises(ConfigurationError, match="max_concurrent_envs=3 is fewer than the 5 sub-envs"):
-        gym.make_vec("openenv/OpenEnv-v0", num_envs=5, source=str(GRID), max_concurrent_envs=3)
     single = gym.make("openenv/OpenEnv-v0", source=str(GRID), capacity_wait=1.0)
-    big = small = None
+    big = explicit = None
     try:
         single.reset()  # holds one of its server's 2 sessions
         single_adapter = single.unwrapped.adapter
-        assert single_adapter.sessions_limit == 2
+        assert single_adapter.sessions_limit == 2, "the app's own setting, read by the launcher"
+        assert len(single_adapter.server_pids()) == 1
         big = gym.make_vec("openenv/OpenEnv-v0", num_envs=5, source=str(GRID), capacity_wait=1.0,
                            vector_options={"envs_per_client": 2})
-        big.reset(seed=0)  # 5 sessions at once: the 2-session server would refuse 3 of them
+        big.reset(seed=0)  # 5 sessions besides the single env's: one 2-session server would refuse 4
         obs, rewards, terminated, truncated, infos = big.step([call("step", move="RIGHT")] * 5)
         assert "error" not in infos and rewards.tolist() == pytest.approx([-0.1] * 5)
-        assert {a.sessions_limit for a in big.adapters} == {5}
-        big_pids = {a.server_pid() for a in big.adapters}
-        assert len(big_pids) == 1 and single_adapter.server_pid() not in big_pids
-        # the smaller server kept running under the single env's episode
+        pids = {tuple(a.server_pids()) for a in big.adapters}
+        assert len(pids) == 1 and len(next(iter(pids))) == 3, "ceil(5 / 2) processes, shared by its adapters"
+        assert single_adapter.server_pid() in next(iter(pids)), "the same source and settings share one group"
+        # the single env's episode went on through all of it
         assert single.step(call("step", move="RIGHT"))[1] == pytest.approx(-0.1)
-        # a later, smaller vector env shares the running server that allows it (and keeps it
-        # running when the bigger one closes)
-        small = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, source=str(GRID))
-        assert {a.server_pid() for a in small.adapters} == big_pids
-        big.close()
-        small.reset(seed=1)
-        assert small.step([call("step", move="DOWN")] * 3)[1].tolist() == pytest.approx([-0.1] * 3)
+        # an explicit per-process limit below the vector env's size is met with more processes
+        explicit = gym.make_vec("openenv/OpenEnv-v0", num_envs=5, source=str(GRID), max_concurrent_envs=3)
+        assert len(explicit.adapters[0].server_pids()) == 2
+        explicit.reset(seed=1)
+        assert explicit.step([call("step", move="DOWN")] * 5)[1].tolist() == pytest.approx([-0.1] * 5)
     finally:
-        for env in (small, big, single):
+        for env in (explicit, big, single):
             if env is not None:
                 env.close()
+
+
+# -- the environment's own code raising; servers that allow one session ----------------------------------
+
+def test_an_env_that_raises_in_a_step_tells_the_agent_and_the_session_goes_on():
+    """EXECUTION_ERROR: OpenEnv's own client gets an error for that step and goes on in the same session."""
+    server = Uvicorn("openenv_solo_env").wait()
+    try:
+        client = openenv_client(server.url)
+        try:
+            client.reset()
+            with pytest.raises(Exception, match="crashed on purpose"):
+                client.step({"move": "CRASH"})
+            theirs = client.step({"move": "RIGHT"}).observation["position"]
+        finally:
+            client.close()
+        env = gym.make("openenv/OpenEnv-v0", url=server.url)
+        try:
+            obs, info = env.reset()
+            pid = info["observation"]["pid"]
+            env.step(call("step", move="RIGHT"))
+            obs, reward, terminated, truncated, info = env.step(call("step", move="CRASH"))
+            assert obs == [{"role": "tool", "tool_call_id": "call_step", "name": "step",
+                            "content": "Error: the tool failed: the environment crashed on purpose"}]
+            assert (reward, terminated, truncated) == (0.0, False, False)
+            assert info["error"] == {"type": "ToolFailed", "message": "the environment crashed on purpose",
+                                     "tool": "step"}
+            assert info["calls"][0]["reason"] == "tool_failed"
+            # the same session, its state kept: the first step's move counts toward the goal
+            obs, reward, *_, info = env.step(call("step", move="RIGHT"))
+            assert (info["observation"]["position"], info["observation"]["pid"]) == (2, pid)
+            assert theirs == 1, "OpenEnv's own client: the crashed step changed nothing, the session went on"
+            obs, reward, terminated, *_ = env.step(call("step", move="RIGHT"))
+            assert (reward, terminated) == (1.0, True)
+        finally:
+            env.close()
+        envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=1, url=server.url)
+        try:
+            envs.reset(seed=0)
+            obs, rewards, terminated, truncated, infos = envs.step([call("step", move="CRASH")])
+            assert not truncated[0] and infos["error"]["type"][0] == "ToolFailed"
+            assert "position: 1" in envs.step([call("step", move="RIGHT")])[0][0][0]["content"]
+        finally:
+            envs.close()
+    finally:
+        server.stop()
+
+
+def test_a_single_session_source_passes_check_env_and_a_default_make_vec():
+    """Most of OpenEnv's own envs allow one session: enough server processes start without being asked."""
+    env = gym.make("openenv/OpenEnv-v0", source=str(SOLO))
+    try:
+        adapter = env.unwrapped.adapter
+        assert adapter.sessions_limit == 1, "the app's own setting, read by the launcher"
+        check_env(env.unwrapped)  # its render check makes a second env of the same source
+        assert len(adapter.server_pids()) == 2
+    finally:
+        env.close()
+    envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, source=str(SOLO))
+    try:
+        obs, infos = envs.reset(seed=0)
+        pids = {int(o[0]["content"].split("pid: ")[1].split()[0]) for o in obs}
+        assert len(pids) == 3, "one process per session"
+        assert pids == set(envs.adapters[0].server_pids())
+        for expected in ([0.0] * 3, [0.0] * 3, [1.0] * 3):
+            obs, rewards, terminated, truncated, infos = envs.step([call("step", move="RIGHT")] * 3)
+            assert "error" not in infos and rewards.tolist() == expected
+        assert terminated.all()
+    finally:
+        envs.close()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in pids), "the processes started for capacity stop with the env"
+
+
+def test_a_single_session_server_learns_from_the_refusal_and_starts_another_process(tmp_path):
+    """An app whose limit the launcher cannot read: the CAPACITY_REACHED reply states it."""
+    import shutil
+
+    folder = tmp_path / "solo_env"
+    shutil.copytree(SOLO, folder)
+    app = folder / "server" / "app.py"
+    # Wrapped in a plain ASGI function: the routes' closures no longer show OpenEnv's server object.
+    app.write_text(app.read_text() + "\n_inner = app\n\nasync def app(scope, receive, send):\n"
+                   "    await _inner(scope, receive, send)\n")
+    first = gym.make("openenv/OpenEnv-v0", source=str(folder))
+    second = gym.make("openenv/OpenEnv-v0", source=str(folder), disable_env_checker=True)
+    try:
+        adapter = first.unwrapped.adapter
+        assert adapter.sessions_limit is None and len(adapter.server_pids()) == 1
+        first.reset()
+        second.reset()  # refused by the one process, which says it allows 1: a second one starts
+        assert adapter.sessions_limit == 1 and len(adapter.server_pids()) == 2
+        for env in (first, second):
+            assert env.step(call("step", move="RIGHT"))[0][0]["content"].startswith("position: 1")
+    finally:
+        second.close()
+        first.close()
+
+
+def test_a_single_session_url_says_exactly_what_to_do():
+    server = Uvicorn("openenv_solo_env").wait()
+    first = gym.make("openenv/OpenEnv-v0", url=server.url)
+    envs = None
+    try:
+        first.reset()  # holds the server's one session
+        second = gym.make("openenv/OpenEnv-v0", url=server.url, capacity_wait=0.5, disable_env_checker=True)
+        try:
+            with pytest.raises(BackendUnavailable) as err:
+                second.reset()
+        finally:
+            second.close()
+        first.close()
+        envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=3, url=server.url, capacity_wait=0.5)
+        obs, infos = envs.reset(seed=0)
+        assert infos["_error"].sum() == 2, "one sub-env gets the session, the others are told why not"
+        vector_message = next(m for m, bad in zip(infos["error"]["message"], infos["_error"]) if bad)
+    finally:
+        first.close()
+        if envs is not None:
+            envs.close()
+        server.stop()
+    for message in (str(err.value), vector_message):
+        assert "the server allows 1 session(s) at once, and all are in use" in message
+        assert "create_app(..., max_concurrent_envs=N)" in message and "SUPPORTS_CONCURRENT_SESSIONS = True" in message
+        assert "pass source=" in message
+    assert "(3 for this vector env)" in vector_message
 
 
 def test_openenv_import_of_arithmetic_gives_the_same_rewards(tmp_path):

@@ -27,7 +27,7 @@ import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym import runtime
 from openenv_gym.testing import procs
 from openenv_gym.actions import ParsedCall, Turn
-from openenv_gym.adapters import ors_local
+from openenv_gym.adapters.local_servers import group as server_groups, processes as server_processes
 from openenv_gym.adapters.ors import ORSAdapter
 from openenv_gym.errors import (
     BackendTimeout,
@@ -145,16 +145,24 @@ def test_tcp_mode_refuses_every_request_without_the_token():
         token = headers["Authorization"].removeprefix("Bearer ")
         assert len(token) >= 32
         body = {"split": "train", "index": 0}
-        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}, {"Authorization": "Bearer"},
+                    {"Authorization": f"Basic {token}"}, {"Authorization": f"Bearer {token}x"}):
             assert httpx.post(f"{url}/probe/task", json=body, headers=bad).status_code == 401
             assert httpx.get(f"{url}/health", headers=bad).status_code == 401
             assert httpx.post(f"{url}/create", json={"split": "train", "index": 0},
                               headers={**bad, "X-Session-ID": "intruder"}).status_code == 401
         assert httpx.post(f"{url}/probe/task", json=body, headers=headers).json()["task"]["answer"] == "4"
+        # The scheme is case-insensitive (RFC 9110), the token is not.
+        for scheme in ("bearer", "BEARER", "bEaReR"):
+            good = {"Authorization": f"{scheme} {token}"}
+            assert httpx.post(f"{url}/probe/task", json=body, headers=good).json()["task"]["answer"] == "4"
+        lowered = {"Authorization": f"Bearer {token.swapcase()}"}
+        assert token.swapcase() == token or httpx.get(f"{url}/health", headers=lowered).status_code == 401
         # The token never travels on the command line (every local user can read that).
         cmdline = Path(f"/proc/{adapter.server_pid()}/cmdline").read_bytes()
         assert token.encode() not in cmdline
-        assert token not in repr(adapter._server) and token not in repr(env.unwrapped.spec)
+        assert token not in repr(adapter.endpoint.local) and token not in repr(adapter.endpoint.local.workers)
+        assert token not in repr(env.unwrapped.spec)
         # The env itself, and another client given the connection, both play normally.
         env.reset(seed=0, options={"index": 0})
         assert env.step(call("submit", {"answer": "4"}))[1] == 1.0
@@ -242,7 +250,7 @@ def test_a_stale_dir_of_a_sigkilled_process_is_removed_at_the_next_start(tmp_pat
         proc.kill()
     assert folder.is_dir(), "precondition: a SIGKILL leaves the folder behind"
     # A folder whose owner is alive (this process) must survive the sweep.
-    live = Path(ors_local._make_workdir())
+    live = Path(server_processes.make_workdir())
     try:
         env = gym.make("openenv/ORS-v0", source=PROBE, env_class="Probe")
         env.close()
@@ -266,7 +274,7 @@ def test_dirs_of_an_older_version_are_removed_once_their_port_is_closed():
     try:
         (dead / "port").write_text(str(free_port()))
         (alive / "port").write_text(str(listening.getsockname()[1]))
-        removed = ors_local.sweep_stale()
+        removed = server_processes.sweep_stale()
         assert dead in removed and not dead.exists()
         assert alive.is_dir(), "a server that still listens keeps its folder"
     finally:
@@ -302,7 +310,7 @@ def test_server_log_stays_under_its_cap_and_keeps_the_latest_output(tmp_path, mo
     source = tmp_path / "noisy.py"
     source.write_text(NOISY_ENV)
     cap = 16 * 1024
-    monkeypatch.setattr(ors_local, "LOG_MAX_BYTES", cap)
+    monkeypatch.setattr(server_processes, "LOG_MAX_BYTES", cap)
     env = gym.make("openenv/ORS-v0", source=str(source), env_class="Noisy")
     try:
         folder = socket_dir(env)
@@ -314,7 +322,7 @@ def test_server_log_stays_under_its_cap_and_keeps_the_latest_output(tmp_path, mo
         sizes = {p.name: p.stat().st_size for p in folder.glob("server.log*")}
         assert set(sizes) == {"server.log", "server.log.1"}, sizes
         assert all(size <= cap for size in sizes.values()), sizes
-        assert "err 199" in env.unwrapped.adapter._server.log_tail()
+        assert "err 199" in env.unwrapped.adapter.endpoint.local.log_tail()
     finally:
         env.close()
 
@@ -349,8 +357,8 @@ def test_an_adapter_used_after_close_raises_and_launches_nothing():
     pid = adapter.server_pid()
     runtime.run_sync(adapter.aclose(), 30)
     assert not pid_alive(pid)
-    for attempt in (lambda: adapter.episode().start(TaskRef("train", 0)), adapter.ensure_server, adapter.start,
-                    lambda: adapter.call_tool("x", "hint", {}), lambda: adapter.task("train", 0)):
+    for attempt in (lambda: adapter.episode().start(TaskRef("train", 0)), adapter.endpoint.ensure, adapter.start,
+                    lambda: adapter.call_tool(None, "x", "hint", {}), lambda: adapter.task("train", 0)):
         with pytest.raises(BackendUnavailable, match="the ORS adapter is closed"):
             runtime.run_sync(attempt(), 60)
     runtime.run_sync(adapter.aclose(), 30)  # closing twice is fine
@@ -389,7 +397,7 @@ def test_reset_racing_close_never_reopens_the_adapter():
         assert all(isinstance(e, BackendUnavailable) for e in errors), errors
         assert errors, "no round raced: reset always finished before close"
         # Every racing adapter released the shared server: the keeper is its only user.
-        assert ors_local._servers and all(s.users == 1 for s in ors_local._servers.values() if s.pid == shared)
+        assert server_groups.running() and all(s.users == 1 for s in server_groups.running() if s.pid == shared)
     finally:
         runtime.run_sync(keeper.aclose(), 30)
     assert not pid_alive(shared)

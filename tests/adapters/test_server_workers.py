@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
-from openenv_gym.adapters import ors_local
+from openenv_gym.adapters.local_servers import group as server_groups
 from openenv_gym.adapters.openenv import OpenEnvAdapter
 from openenv_gym.adapters.ors import ORSAdapter
 from openenv_gym.errors import ConfigurationError
@@ -69,7 +69,7 @@ def burn_vec(num_envs: int, workers: int | None = 2, **kwargs):
 
 
 # -- bad K -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, [2], ors_local.MAX_SERVER_WORKERS + 1])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, [2], server_groups.MAX_SERVER_WORKERS + 1])
 def test_a_bad_worker_count_is_a_configuration_error_and_starts_nothing(bad):
     before = serve_children()
     with pytest.raises(ConfigurationError, match="server_workers must be a whole number"):
@@ -90,9 +90,9 @@ def test_a_bad_worker_count_is_a_configuration_error_and_starts_nothing(bad):
 def test_any_worker_count_from_a_catalog_is_accepted_or_refused_clearly(value):
     """Kwargs may come from a catalog file: whatever the value, a valid count or a ConfigurationError."""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    valid = integer and 1 <= value <= ors_local.MAX_SERVER_WORKERS
+    valid = integer and 1 <= value <= server_groups.MAX_SERVER_WORKERS
     try:
-        got = ors_local.check_workers(value)
+        got = server_groups.check_workers(value)
         assert (got == value and type(got) is int and valid) or (got is None and value is None)
     except ConfigurationError as exc:
         assert not valid and value is not None
@@ -100,10 +100,10 @@ def test_any_worker_count_from_a_catalog_is_accepted_or_refused_clearly(value):
 
 
 def test_the_default_is_one_worker_for_a_single_env_and_follows_the_cores_for_a_vector_env(monkeypatch):
-    monkeypatch.setattr(ors_local, "_cores", lambda: 4)
-    assert [ors_local.default_workers(n) for n in (None, 1, 2, 8, 9, 16, 24, 1024)] == [1, 1, 1, 1, 2, 2, 3, 4]
-    monkeypatch.setattr(ors_local, "_cores", lambda: 64)
-    assert ors_local.default_workers(1024) == ors_local.MAX_DEFAULT_WORKERS
+    monkeypatch.setattr(server_groups, "_cores", lambda: 4)
+    assert [server_groups.default_workers(n) for n in (None, 1, 2, 8, 9, 16, 24, 1024)] == [1, 1, 1, 1, 2, 2, 3, 4]
+    monkeypatch.setattr(server_groups, "_cores", lambda: 64)
+    assert server_groups.default_workers(1024) == server_groups.MAX_DEFAULT_WORKERS
     monkeypatch.undo()
 
     env = gym.make("openenv/ORS-v0", source=BURN, env_class="CpuBurn")
@@ -111,7 +111,7 @@ def test_the_default_is_one_worker_for_a_single_env_and_follows_the_cores_for_a_
     try:
         assert len(env.unwrapped.adapter.server_pids()) == 1
         pids = envs.adapters[0].server_pids()
-        assert len(pids) == ors_local.default_workers(16) == min(2, ors_local._cores())
+        assert len(pids) == server_groups.default_workers(16) == min(2, server_groups._cores())
         assert env.unwrapped.adapter.server_pid() not in pids, "a different worker count is another server"
     finally:
         envs.close()
@@ -179,7 +179,7 @@ def test_an_openenv_folder_env_plays_correctly_over_two_workers():
 
 def connections(adapter) -> list[int]:
     """Open connections to each worker's Unix socket, from the kernel's table (accepted sockets carry its path)."""
-    paths = [w.socket_path for w in adapter._server.workers]
+    paths = [w.socket_path for w in adapter.endpoint.local.workers]
     counts = [0] * len(paths)
     with open("/proc/net/unix") as fh:
         next(fh)
@@ -255,11 +255,11 @@ def test_close_stops_every_worker_and_removes_their_directories():
     env = gym.make("openenv/ORS-v0", source=BURN, env_class="CpuBurn", server_workers=3, listen="tcp")
     adapter = env.unwrapped.adapter
     pids = adapter.server_pids()
-    folders = [w.workdir for w in adapter._server.workers]
-    tokens = {w.auth_headers()["Authorization"] for w in adapter._server.workers}
+    folders = [w.workdir for w in adapter.endpoint.local.workers]
+    tokens = {w.auth_headers()["Authorization"] for w in adapter.endpoint.local.workers}
     assert len(set(pids)) == 3 and all(f.is_dir() for f in folders)
     assert len(tokens) == 3, "each TCP worker has its own token"
-    assert not any(t.split()[1] in repr(adapter._server) for t in tokens)
+    assert not any(t.split()[1] in repr(adapter.endpoint.local) + repr(adapter.endpoint.local.workers) for t in tokens)
     used = set()
     for seed in range(3):  # a single env's episodes go round the workers
         env.reset(seed=seed)
