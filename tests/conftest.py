@@ -34,6 +34,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # The TRL example's tests need torch and TRL, which live in their own venv (.ci/trl.sh builds it
 # and runs them there); the main venv does not collect them rather than report them skipped.
 collect_ignore = [] if importlib.util.find_spec("trl") else ["examples/test_trl_grpo.py", "examples/test_trl_env_factory.py"]
+# So do the browser tests: playwright (the `browser` extra) is installed by their own CI step.
+if not importlib.util.find_spec("playwright"):
+    collect_ignore.append("web/test_browser.py")
 
 # `import openenv_gym` registers the catalog: never let the suite read the user's own.
 _SESSION_DIR = tempfile.mkdtemp(prefix="openenv-gym-test-")

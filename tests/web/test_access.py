@@ -22,6 +22,7 @@ from openenv_gym.web.play import PlaySession, Worker
 from openenv_gym.web.play import make_app as play_app
 from openenv_gym.web.serving import LoopbackServer
 from openenv_gym.web.view import view_server
+from web_fixtures import rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 VIEW_ROUTES = [("GET", "/"), ("GET", "/api/episode/0"), ("GET", "/api/search?q=a"), ("GET", "/nope")]
 PLAY_ROUTES = [("GET", "/"), ("GET", "/api/state"), ("POST", "/api/reset"), ("POST", "/api/step"),

@@ -31,6 +31,7 @@ from openenv_gym.web.access import Access
 from openenv_gym.web.play import PlaySession, Worker, make_app, parse_kwargs
 from openenv_gym.web.rollouts import load
 from openenv_gym.web.serving import LoopbackServer
+from web_fixtures import serve  # noqa: F401 (pytest fixtures, used by name)
 
 SLOW = ["adapter=openenv_gym.testing.latency:LatencyAdapter", "sigma=0", "turns=50"]
 

@@ -19,6 +19,7 @@ from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import read_records
 from openenv_gym.web.rollouts import MAX_NOTES, episode_text, expand, load
 from openenv_gym.web.summary import summarize
+from web_fixtures import recorded_files, rollout_file  # noqa: F401 (pytest fixtures, used by name)
 
 
 def test_a_rollout_is_read_whole(rollout_file: Path) -> None:

@@ -1,4 +1,5 @@
-"""Fixtures for the page tests: real episode files, and a page's server running on a thread.
+"""Fixtures for the page tests (imported by name: a ``conftest.py`` here would shadow the suite's
+own, which other folders import as ``conftest``): real episode files, and a page's server running on a thread.
 
 The rollout is a real grouped collection over the bundled Arithmetic env, played by the bundled
 OpenAI-compatible stub with token ids and logprobs, which submits a wrong answer half the time
@@ -8,7 +9,6 @@ so groups have mixed rewards. The RecordEpisodes files come from the real wrappe
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import json
 import random
@@ -27,10 +27,6 @@ from openenv_gym.rollout import collect
 from openenv_gym.testing.openai_stub import OpenAIStub, arithmetic_solver
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.wrappers import RecordEpisodes
-
-# The browser tests need playwright (the `browser` extra), installed by their own CI step; the main
-# venv does not collect them rather than report them skipped.
-collect_ignore = [] if importlib.util.find_spec("playwright") else ["test_browser.py"]
 
 HOSTILE = ['<script>window.__pwned = "script"</script>', '<img src=x onerror="window.__pwned = \'img\'">',
            "</script><script>window.__pwned = 'close'</script>", "<!-- <script>window.__pwned = 'comment'</script>"]
