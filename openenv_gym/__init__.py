@@ -36,6 +36,8 @@ __all__ = [
     "list_environments",
     "make_mixture",
     "register_all",
+    "serve",
+    "served",
     "tune_gc",
 ]
 
@@ -43,9 +45,13 @@ register_all()
 
 
 def __getattr__(name: str) -> object:
-    # make_mixture is imported on first use: `import openenv_gym` stays light.
+    # make_mixture and serving are imported on first use: `import openenv_gym` stays light.
     if name == "make_mixture":
         from openenv_gym.mixture import make_mixture
 
         return make_mixture
+    if name in ("serve", "served"):
+        from openenv_gym import serving
+
+        return getattr(serving, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
