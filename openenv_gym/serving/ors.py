@@ -122,8 +122,7 @@ class _ORS:
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
-        await response.write(_event("task_id", str(uuid.uuid4())) + _event("end", ""))
-        await response.write_eof()
+        await response.write_eof(_event("task_id", str(uuid.uuid4())) + _event("end", ""))
         return response
 
     async def create(self, request: web.Request) -> web.Response:
@@ -203,7 +202,7 @@ class _ORS:
             task = self._calls.get(body.task_id)
             await response.prepare(request)
             if task is None:
-                await response.write(_event("error", "unknown task_id"))
+                await response.write_eof(_event("error", "unknown task_id"))
             else:
                 await self._stream(response, body.task_id, task, announce=False)
             return response
@@ -236,8 +235,7 @@ class _ORS:
                 data = json_encode(task.result()).decode()
                 pieces = [data[i:i + SSE_CHUNK] for i in range(0, len(data), SSE_CHUNK)] or [""]
                 out = b"".join(_event("chunk", p) for p in pieces[:-1]) + _event("end", pieces[-1])
-            await response.write(out)
-            await response.write_eof()
+            await response.write_eof(out)  # the result and the stream's end in one segment
         except (ConnectionError, RuntimeError):
             pass  # the client went away; the call goes on, and its result waits for a resume
 
