@@ -12,7 +12,7 @@
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
     openenv-gym view FILE... [--html OUT] [--port N]
     openenv-gym play ID [--port N] [--out FILE] [KEY=VALUE ...]
-    openenv-gym serve ID [--protocol ors|openenv] [--port N | --uds PATH] [--max-sessions N] [KEY=VALUE ...]
+    openenv-gym serve ID [KEY=VALUE ...] [--protocol ors|openenv] [--port N | --uds PATH] [--max-sessions N]
 
 Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
 unknown id, a missing extra, an ``--out`` that cannot be written) print one clear line and exit

@@ -1,10 +1,10 @@
 """``openenv-gym serve ID``: the command's arguments, and running it.
 
-    openenv-gym serve ID [--protocol ors|openenv] [--host 127.0.0.1] [--port N | --uds PATH]
+    openenv-gym serve ID [KEY=VALUE ...] [--protocol ors|openenv] [--host 127.0.0.1] [--port N | --uds PATH]
                       [--max-sessions N] [--workers K] [--backend concurrent|ray] [--address ADDR]
-                      [--token TOKEN] [--session-idle-timeout S] [KEY=VALUE ...]
+                      [--token TOKEN] [--session-idle-timeout S]
 
-``KEY=VALUE`` are the env's kwargs, as for ``gym.make`` and ``openenv-gym play``.
+``KEY=VALUE`` are the env's kwargs, as for ``gym.make`` and ``openenv-gym play`` (right after the id).
 """
 
 from __future__ import annotations

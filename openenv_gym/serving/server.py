@@ -261,6 +261,8 @@ def serve(env_id: str, *, out: TextIO | None = None, **options: Any) -> int:
     try:
         url = server.start()
         started = True
+        for sig in previous:  # again: starting may have installed its own (ray.init does, for SIGTERM)
+            signal.signal(sig, on_signal)
         print(f"serving {env_id} over {server.protocol} at {url} ({server.max_sessions} sessions)", file=out,
               flush=True)
         if server.access.generated:
