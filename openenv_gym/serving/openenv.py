@@ -95,6 +95,13 @@ class _OpenEnv:
 
     def __init__(self, served: ServedEnv, version: str):
         self.served, self.version = served, version
+        self._closes: set[asyncio.Task[Any]] = set()
+
+    def _closing(self, ws: web.WebSocketResponse) -> None:
+        """Close ``ws`` soon (its session ended: idle, or closed over HTTP), keeping the task alive."""
+        task = asyncio.get_running_loop().create_task(ws.close(code=1001, message=b"session ended"))
+        self._closes.add(task)
+        task.add_done_callback(self._closes.discard)
 
     def _capacity(self) -> str:
         return f"Server at capacity: {self.served.active}/{self.served.max_sessions} sessions active"
@@ -207,8 +214,7 @@ class _OpenEnv:
                     await ws.send_str(_error(why, "SESSION_ERROR"))
                     return ws
             session.attached = True
-            loop = asyncio.get_running_loop()
-            session.on_end = lambda: loop.create_task(ws.close(code=1001, message=b"session ended"))
+            session.on_end = lambda: self._closing(ws)
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     text = msg.data

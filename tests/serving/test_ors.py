@@ -271,3 +271,25 @@ def test_streams_chunk_big_results_carry_images_report_failures_and_resume(serve
         unknown = sse(client.post(f"{url}/ors/call", json={"name": "hint", "task_id": "nope"}, headers=h))
         assert unknown == [("error", "unknown task_id")]
     assert served.stop() == 0
+
+
+def test_a_killed_env_server_is_a_readable_error_and_the_next_session_recovers(serve_process):
+    import os
+    import signal as signals
+
+    from ors.client import ORS
+
+    from openenv_gym.testing import procs
+
+    served = serve_process(ARITHMETIC, "--max-sessions", "4")
+    with ORS(base_url=served.url, api_key=served.token) as client:
+        env = client.environment("arithmetic")
+        with env.session(split="train", index=0) as session:
+            session.call_tool("calculator", {"expression": "1+1"})
+            (backend,) = [p for p in procs.descendants(served.pid) if "ors_serve" in procs.cmdline(p)]
+            os.kill(backend, signals.SIGKILL)
+            with pytest.raises(RuntimeError, match="(?i)connect|reach|closed|exited"):
+                session.call_tool("calculator", {"expression": "2+2"})
+        with env.session(split="train", index=1) as session:  # the env's server is relaunched
+            assert session.call_tool("calculator", {"expression": "2+2"}).blocks[0].text == "4"
+    assert served.stop() == 0
