@@ -46,6 +46,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("isolation", "isolation.py", ["--reps", "3"], ["--reps", "1", "--seconds", "1"], ["ors", "openreward"], 1800),
     ("view", "view_bench.py", ["--reps", "3"], ["--reps", "1", "--episodes", "10000", "--no-html"], ["playwright"], 1800),
     ("soak", "soak.py", ["--num-envs", "1024", "--minutes", "5"], ["--num-envs", "128", "--minutes", "0.5"], [], 1500),
+    ("serve", "serve_bench.py", ["--rounds", "5"], ["--rounds", "1", "--seconds", "2"], ["ors", "openenv", "websockets"], 1800),
 ]
 
 PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httpx", "ray", "ors-sdk", "openreward", "openenv",

@@ -22,7 +22,7 @@ from openenv_gym.errors import BackendTimeout, CapacityReached, ConfigurationErr
 from openenv_gym.serving.limits import RETRY_AFTER
 from openenv_gym.wire import json_encode, loads_plain_json
 
-__all__ = ["Invalid", "read_body", "json_response", "detail", "error_response", "guard", "json_errors"]
+__all__ = ["Invalid", "read_body", "json_response", "detail", "error_response", "guard", "for_env", "json_errors"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -81,6 +81,17 @@ def guard(handler: Handler) -> Handler:
         except (OpenEnvGymError, Invalid) as exc:
             return error_response(exc)
     return guarded
+
+
+def for_env(name: str, handler: Handler) -> Handler:
+    """:func:`guard` of ``handler`` for ``/{env}/...`` routes: another environment's name is 404
+    (names match without case, as the SDK servers match them)."""
+    async def checked(request: web.Request) -> web.StreamResponse:
+        env = request.match_info.get("env")
+        if env is not None and env.lower() != name.lower():
+            return detail(404, f"unknown environment {env!r}")
+        return await handler(request)
+    return guard(checked)
 
 
 @web.middleware

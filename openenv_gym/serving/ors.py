@@ -37,7 +37,7 @@ import msgspec
 from aiohttp import web
 
 from openenv_gym.serving.content import ROLES, items, ors_blocks
-from openenv_gym.serving.http import Handler, Invalid, detail, guard, json_response, read_body
+from openenv_gym.serving.http import Invalid, detail, for_env, guard, json_response, read_body
 from openenv_gym.serving.limits import CALL_LINGER, SSE_CHUNK, SSE_PING_INTERVAL
 from openenv_gym.serving.sessions import CallOutcome, ServedEnv, Session
 from openenv_gym.serving.tasks import add_task_routes
@@ -89,15 +89,6 @@ class _ORS:
         self.name = served.name.lower()
         self._calls: dict[str, asyncio.Task[dict[str, Any]]] = {}  # task_id -> the call
         self._latest: dict[str, str] = {}  # session id -> its latest call's task_id
-
-    def scoped(self, handler: Handler) -> Handler:
-        """``handler`` for ``/{env}/...``: another environment's name is 404."""
-        async def checked(request: web.Request) -> web.StreamResponse:
-            env = request.match_info.get("env")
-            if env is not None and env.lower() != self.name:
-                return detail(404, f"unknown environment {env!r}")
-            return await handler(request)
-        return guard(checked)
 
     def _session(self, request: web.Request) -> Session | web.Response:
         sid = request.headers.get("X-Session-ID")
@@ -279,6 +270,6 @@ def add_routes(app: web.Application, served: ServedEnv, version: str) -> None:
     for method, what, handler in (("GET", "tools", ors.tools), ("GET", "prompt", ors.prompt),
                                   ("GET", "messages", ors.messages), ("GET", "task_tools", ors.task_tools),
                                   ("POST", "call", ors.call), ("POST", "score_group", ors.score_group)):
-        checked = ors.scoped(handler)
+        checked = for_env(ors.name, handler)
         r.add_route(method, f"/{what}", checked)
         r.add_route(method, "/{env}/" + what, checked)

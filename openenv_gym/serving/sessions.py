@@ -36,11 +36,11 @@ from gymnasium.envs.registration import parse_env_id
 from openenv_gym.actions import check_call, parse_action
 from openenv_gym.errors import ConfigurationError, EpisodeNotStarted, TaskNotFound
 from openenv_gym.pool import SessionPool, Slot
-from openenv_gym.serving.content import message_items
+from openenv_gym.serving.content import message_items, text_of
 from openenv_gym.serving.limits import END_TIMEOUT, SESSION_IDLE_TIMEOUT, TASK_RANGE_LIMIT
 from openenv_gym.wire import Message, Split, ToolSpec
 
-__all__ = ["ServedEnv", "Session", "CallOutcome", "RESPOND", "answers_in_text", "served_name"]
+__all__ = ["ServedEnv", "Session", "CallOutcome", "RESPOND", "answers_in_text", "listed", "served_name"]
 
 RESPOND = ToolSpec(
     "respond",
@@ -54,6 +54,14 @@ RESPOND = ToolSpec(
 _TEXT_ADAPTERS = ("openenv_gym.adapters.verifiers",)
 """Adapter modules whose agents may answer in plain text besides calling tools (a Verifiers
 ToolEnv ends its rollout on a message without tool calls)."""
+
+
+def listed(tools: list[ToolSpec], text_answers: bool) -> list[ToolSpec]:
+    """The tools a session lists: the env's, and :data:`RESPOND` when text is an answer (the env
+    has no tools, or its agents answer in text) and no tool of the env has its name."""
+    if RESPOND.name not in {t.name for t in tools} and (text_answers or not tools):
+        return [*tools, RESPOND]
+    return list(tools)
 
 
 def served_name(env_id: str) -> str:
@@ -121,14 +129,9 @@ class Session:
 
     # -- what the session offers -------------------------------------------------------------------
     @property
-    def responds(self) -> bool:
-        """Whether :data:`RESPOND` is listed: the env has no tools, or its agents answer in text."""
-        return RESPOND.name not in self.env_tools and (self.served.text_answers or not self.env_tools)
-
-    @property
     def tools(self) -> list[ToolSpec]:
-        """The tools the client may call: the env's, and :data:`RESPOND` where text is an answer."""
-        return [*self.env_tools.values(), RESPOND] if self.responds else list(self.env_tools.values())
+        """The tools the client may call (:func:`listed`)."""
+        return listed(list(self.env_tools.values()), self.served.text_answers)
 
     @property
     def busy(self) -> bool:
@@ -183,7 +186,7 @@ class Session:
             if problem is not None and not self.done:
                 # The env answered the call without running it: the protocols' own refusal, in the
                 # env's words (an ended episode is reported as such, never as a refusal).
-                outcome.refused, outcome.error = problem[0], _text(outcome.items) or problem[1]
+                outcome.refused, outcome.error = problem[0], text_of(outcome.items) or problem[1]
             return outcome
 
     def _refusal(self, action: dict[str, Any], name: str) -> tuple[str, str] | None:
@@ -238,10 +241,6 @@ class Session:
         await self.slot.release()
 
 
-def _text(items: list[dict[str, Any]]) -> str:
-    return "\n".join(i["text"] for i in items if i.get("type") == "text")
-
-
 class ServedEnv:
     """One served id: its pool, its name, its sessions and its task API.
 
@@ -276,10 +275,7 @@ class ServedEnv:
 
     def tools(self) -> list[ToolSpec]:
         """The tools every task offers, as a session lists them before its first episode."""
-        tools = {t.name: t for t in self.pool.tools}
-        if RESPOND.name not in tools and (self.text_answers or not tools):
-            return [*tools.values(), RESPOND]
-        return list(tools.values())
+        return listed(list(self.pool.tools), self.text_answers)
 
     # -- sessions ---------------------------------------------------------------------------------------
     def open(self, sid: str | None = None) -> Session:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from openenv_gym.serving.http import Handler, detail, guard, json_response, read_body
+from openenv_gym.serving.http import for_env, guard, json_response, read_body
 from openenv_gym.serving.sessions import ServedEnv
 
 __all__ = ["add_task_routes"]
@@ -39,14 +39,6 @@ class _Range(msgspec.Struct, forbid_unknown_fields=True):
 def add_task_routes(app: web.Application, served: ServedEnv, name: str, *, bare: bool = False) -> None:
     """Add the task API of ``served``, listed as ``name``, to ``app``; ``bare``: also answer each
     ``/{env}/...`` route at its bare path (``/splits``...), where the openreward client sends them."""
-
-    def scoped(handler: Handler) -> Handler:
-        async def checked(request: web.Request) -> web.StreamResponse:
-            env = request.match_info.get("env")
-            if env is not None and env.lower() != name.lower():
-                return detail(404, f"unknown environment {env!r}")
-            return await handler(request)
-        return guard(checked)
 
     async def list_environments(request: web.Request) -> web.Response:
         return json_response([name])
@@ -75,7 +67,7 @@ def add_task_routes(app: web.Application, served: ServedEnv, name: str, *, bare:
                                           ("POST", "num_tasks", num_tasks), ("POST", "task", task),
                                           ("POST", "task_range", task_range)]
     for method, what, handler in routes:
-        checked = scoped(handler)
+        checked = for_env(name, handler)
         app.router.add_route(method, "/{env}/" + what, checked)
         if bare:
             app.router.add_route(method, f"/{what}", checked)

@@ -9,7 +9,7 @@ import asyncio
 
 import gymnasium as gym
 import pytest
-from serve_helpers import CALC, GUESS, call, start_serve
+from serve_helpers import CALC, GUESS, call
 
 import openenv_gym  # noqa: F401
 
