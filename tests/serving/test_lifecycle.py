@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 import pytest
-from serve_helpers import ARITHMETIC
+from serve_helpers import ARITHMETIC, PROBE
 
 import openenv_gym
 from openenv_gym.errors import ConfigurationError
@@ -43,6 +43,31 @@ def test_a_signal_stops_the_server_with_its_sessions_open_and_leaves_nothing(ser
     assert served.output().rstrip().endswith("stopped")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{served.url}/health", timeout=5)
+
+
+def test_a_signal_mid_step_ends_the_step_and_its_stream_at_once(serve_process):
+    """A call that would run for a minute when SIGTERM comes: the server stops within seconds, and
+    the client's stream ends with an ``error`` event rather than hanging or being cut."""
+    import threading
+
+    served = serve_process(*PROBE)
+    sid = uuid.uuid4().hex
+    headers = {**served.headers, "X-Session-ID": sid}
+    assert httpx.post(f"{served.url}/create", json={"split": "train", "index": 0}, headers=headers).status_code == 200
+    answer: dict = {}
+
+    def slow_call() -> None:
+        answer["text"] = httpx.post(f"{served.url}/ors/call", json={"name": "slow", "input": {"seconds": 60}},
+                                    headers=headers, timeout=90).text
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    time.sleep(1.0)  # the call is under way (its task_id is out)
+    start = time.monotonic()
+    assert served.stop() == 0
+    caller.join(30)
+    assert time.monotonic() - start < 30 and not caller.is_alive()
+    assert "event: error" in answer["text"] and "cancelled" in answer["text"]
 
 
 def test_stopping_ends_every_session_it_opened(monkeypatch):

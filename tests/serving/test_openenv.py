@@ -121,6 +121,7 @@ def test_malformed_messages_are_errors_the_client_reads(arith):
             ('{"type": "step", "data": {"action": "RIGHT"}}', "VALIDATION_ERROR"),
             ('{"type": "step", "data": {"type": "call_tool", "tool_name": 3}}', "VALIDATION_ERROR"),
             ('{"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list"}}', None),
+            ("[" * 100_000 + "]" * 100_000, "INVALID_JSON"),
         ]
         for text, code in cases:
             reply = ask(text)

@@ -176,6 +176,10 @@ def test_malformed_requests_get_readable_errors_and_the_server_goes_on(arith):
             (client.get(f"{url}/other/tools", headers=headers), 404, "unknown environment"),
             (client.get(f"{url}/no/such/route", headers=headers), 404, "Not Found"),
             (client.post(f"{url}/create", content=b"x" * (9 * 2**20), headers={**headers, **sid}), 413, ""),
+            (client.post(f"{url}/create", content=b"[" * 100_000 + b"]" * 100_000, headers={**headers, **sid}), 422,
+             "nest"),
+            (client.post(f"{url}/create", json={"split": "train", "index": 2**70}, headers={**headers, **sid}), 422,
+             "64-bit"),
         ]
         for reply, status, says in cases:
             assert reply.status_code == status, (reply.request.url, reply.text[:300])
