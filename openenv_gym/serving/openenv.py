@@ -68,7 +68,8 @@ def _tool_wire(tool: ToolSpec) -> dict[str, Any]:
 
 
 def _observation(outcome: CallOutcome, tool_name: str) -> dict[str, Any]:
-    """A call's outcome as a serialized ``CallToolObservation`` (``observation``, ``reward``, ``done``, ``metadata``)."""
+    """A call's outcome as a serialized ``CallToolObservation``: ``observation``, ``reward``,
+    ``done``, ``metadata``."""
     meta = outcome.metadata()
     if outcome.refused is not None:
         error: dict[str, Any] | None = {"error_type": _REFUSALS[outcome.refused], "message": outcome.error}
@@ -84,6 +85,17 @@ def _observation(outcome: CallOutcome, tool_name: str) -> dict[str, Any]:
 
 def _error(message: str, code: str, **extra: Any) -> str:
     return json_encode({"type": "error", "data": {"message": message, "code": code, **extra}}).decode()
+
+
+def _is_request(value: Any) -> bool:
+    """Whether ``value`` is a JSON-RPC 2.0 request: ``jsonrpc``, ``method``, and optional object
+    ``params`` and string or integer ``id``, nothing else."""
+    if not isinstance(value, dict) or set(value) - {"jsonrpc", "method", "params", "id"}:
+        return False
+    rid = value.get("id")
+    return (value.get("jsonrpc") == "2.0" and isinstance(value.get("method"), str)
+            and isinstance(value.get("params", {}), dict)
+            and (rid is None or (isinstance(rid, (str, int)) and not isinstance(rid, bool))))
 
 
 def _rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -130,9 +142,7 @@ class _OpenEnv:
 
     # -- JSON-RPC (HTTP /mcp, and "mcp" messages on a socket) ---------------------------------------------
     async def _rpc(self, request: Any, bound: Session | None) -> dict[str, Any]:
-        if not (isinstance(request, dict) and request.get("jsonrpc") == "2.0" and isinstance(request.get("method"), str)
-                and isinstance(request.get("params", {}), dict) and isinstance(request.get("id"), (str, int, type(None)))
-                and not isinstance(request.get("id"), bool) and set(request) <= {"jsonrpc", "method", "params", "id"}):
+        if not _is_request(request):
             rid = request.get("id") if isinstance(request, dict) and isinstance(request.get("id"), (str, int)) else None
             return _rpc_error(rid, INVALID_REQUEST, "Invalid request: a JSON-RPC 2.0 request object is expected")
         rid, method, params = request.get("id"), request["method"], request.get("params") or {}

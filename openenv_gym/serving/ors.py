@@ -11,13 +11,13 @@ served env named by its id's name in lower case, as ORS servers name theirs:
 * Sessions: ``POST /create_session`` (an SSE stream minting an id), ``POST /create`` (lease a
   session and start its episode on ``split``/``index`` or ``task_spec``: the reset),
   ``GET /{env}/prompt`` and ``/messages`` (the opening), ``/task_tools``, ``POST /{env}/call``
-  (one tool call, answered as an SSE stream: ``task_id``, then ``chunk``s of at most
-  :data:`~openenv_gym.serving.limits.SSE_CHUNK` characters and ``end``, or ``error`` when the env failed; a ``: ping`` comment
-  every :data:`~openenv_gym.serving.limits.SSE_PING_INTERVAL` s while it runs), ``POST /ping``, ``/delete`` (end the
-  session), ``/delete_session``.
+  (one tool call, answered as an SSE stream: ``task_id``, then ``chunk``s of at most ``SSE_CHUNK``
+  characters and ``end``, or ``error`` when the env failed; a ``: ping`` comment every
+  ``SSE_PING_INTERVAL`` seconds while it runs), ``POST /ping``, ``/delete`` (end the session),
+  ``/delete_session``. The limits named here are in :mod:`openenv_gym.serving.limits`.
 * A call runs as a task of its session, so a client whose stream broke re-posts with its
   ``task_id`` and gets the same result without running the tool twice (the latest call of each
-  session, kept :data:`~openenv_gym.serving.limits.CALL_LINGER` s after it ends).
+  session, kept ``CALL_LINGER`` seconds after it ends).
 * Errors are the SDK servers' shapes (:mod:`openenv_gym.serving.http`): ``{"detail": ...}`` with
   400, 404 (an unknown session or environment), 422, 503 with ``Retry-After`` when every session
   is in use (``max_sessions``), 500. A tool call the env did not run is ``{"ok": false, "error",
@@ -231,7 +231,7 @@ class _ORS:
             pass  # the client went away; the call goes on, and its result waits for a resume
 
     def _remember(self, sid: str, task_id: str, task: asyncio.Task[dict[str, Any]]) -> None:
-        """Keep ``task`` for resumes: the latest of each session, for :data:`~openenv_gym.serving.limits.CALL_LINGER` s after it ends."""
+        """Keep ``task`` for resumes: the latest call of each session, ``CALL_LINGER`` s after it ends."""
         old = self._latest.get(sid)
         if old is not None:
             self._calls.pop(old, None)

@@ -172,8 +172,9 @@ class Session:
                                        error="respond takes one argument, content: a string")
                 action: Any = content
             else:
-                action = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"call_{self.turns}", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+                call = {"name": name, "arguments": arguments}
+                action = {"role": "assistant", "content": None,
+                          "tool_calls": [{"id": f"call_{self.turns}", "type": "function", "function": call}]}
                 problem = self._refusal(action, name)
             obs, reward, terminated, truncated, info = await self.slot.step(action)
             self.turns += 1

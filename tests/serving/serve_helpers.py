@@ -19,8 +19,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from openenv_gym.testing import procs
 
@@ -116,6 +119,24 @@ def start_serve(*args: str, token: str | None = "env", env: dict[str, str] | Non
     process.kill()
     process.wait(10)
     raise AssertionError(f"openenv-gym serve did not start: {''.join(shown)[-3000:]}")
+
+
+@pytest.fixture
+def serve_process() -> Iterator[Any]:
+    """Start servers with :func:`start_serve`; any left running at the test's end is stopped.
+    (A test module imports this fixture by name: a ``conftest.py`` here would shadow the suite's
+    own, which other folders import as ``conftest``.)"""
+    started: list[Served] = []
+
+    def start(*args: str, **kwargs: Any) -> Served:
+        served = start_serve(*args, **kwargs)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        if served.process.poll() is None:
+            served.stop()
 
 
 def call(name: str, args: dict[str, Any] | None = None, call_id: str = "c") -> dict[str, Any]:

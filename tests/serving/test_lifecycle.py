@@ -14,7 +14,7 @@ import uuid
 
 import httpx
 import pytest
-from serve_helpers import ARITHMETIC, PROBE
+from serve_helpers import ARITHMETIC, PROBE, serve_process  # noqa: F401 (a fixture)
 
 import openenv_gym
 from openenv_gym.errors import ConfigurationError

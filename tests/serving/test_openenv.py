@@ -10,7 +10,7 @@ import json
 import gymnasium as gym
 import httpx
 import pytest
-from serve_helpers import ARITHMETIC, call, expression, start_serve
+from serve_helpers import ARITHMETIC, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serve_helpers import ARITHMETIC, PROBE, call, expression, start_serve
+from serve_helpers import ARITHMETIC, PROBE, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
-from serve_helpers import ARITHMETIC, call, expression, start_serve
+from serve_helpers import ARITHMETIC, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
 

@@ -10,7 +10,7 @@ import uuid
 
 import httpx
 import pytest
-from serve_helpers import ARITHMETIC, ENVS, expression, start_serve
+from serve_helpers import ARITHMETIC, ENVS, expression, serve_process, start_serve  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
 from openenv_gym.testing import procs

@@ -9,7 +9,7 @@ import asyncio
 
 import gymnasium as gym
 import pytest
-from serve_helpers import CALC, GUESS, call
+from serve_helpers import CALC, GUESS, call, serve_process  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
 
