@@ -33,7 +33,7 @@ def _create(url: str, headers: dict, index: int = 0) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_server_with_its_sessions_open_and_leaves_nothing(serve_process, sig):
-    served = serve_process(ARITHMETIC)
+    served = serve_process(ARITHMETIC, "--max-sessions", "4")
     assert served.url.startswith("http://127.0.0.1:")
     started = procs.descendants(served.pid)
     assert any("ors_serve" in procs.cmdline(p) for p in started), "the env's local server runs under the server"
@@ -50,7 +50,7 @@ def test_a_signal_mid_step_ends_the_step_and_its_stream_at_once(serve_process):
     the client's stream ends with an ``error`` event rather than hanging or being cut."""
     import threading
 
-    served = serve_process(*PROBE)
+    served = serve_process(*PROBE, "--max-sessions", "2")
     sid = uuid.uuid4().hex
     headers = {**served.headers, "X-Session-ID": sid}
     assert httpx.post(f"{served.url}/create", json={"split": "train", "index": 0}, headers=headers).status_code == 200
@@ -150,7 +150,7 @@ def test_every_route_and_the_websocket_upgrade_need_the_token(serve_process):
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect
 
-    served = serve_process(ARITHMETIC, "--protocol", "openenv", token=None)
+    served = serve_process(ARITHMETIC, "--protocol", "openenv", "--max-sessions", "2", token=None)
     printed = [l for l in served.output().splitlines() if l.startswith("token: ")]
     assert len(printed) == 1 and served.token in printed[0]  # generated, printed once
     url = served.url

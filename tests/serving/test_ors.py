@@ -247,7 +247,7 @@ def test_capacity_is_the_protocols_own_error_and_idle_sessions_are_ended(serve_p
 
 # -- streams: chunks, images, failures, resumes --------------------------------------------------------------
 def test_streams_chunk_big_results_carry_images_report_failures_and_resume(serve_process):
-    served = serve_process(*PROBE)
+    served = serve_process(*PROBE, "--max-sessions", "2")
     url, headers = served.url, served.headers
     with httpx.Client(timeout=60) as client:
         sid = create(client, url, headers, split="train", index=0)

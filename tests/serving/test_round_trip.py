@@ -57,7 +57,7 @@ def test_served_id_round_trips_through_our_own_adapters(served):
 def test_uds_round_trip_passes_check_env_whole(serve_process, tmp_path):
     """On a Unix socket the URL is all a client needs (no token), so check_env runs every check."""
     socket = tmp_path / "served.sock"
-    process = serve_process(ARITHMETIC, "--uds", str(socket), token=None)
+    process = serve_process(ARITHMETIC, "--uds", str(socket), "--max-sessions", "4", token=None)
     assert process.url == f"unix:{socket}" and process.token is None
     assert socket.stat().st_mode & 0o777 == 0o600
     env = gym.make("openenv/ORS-v0", url=process.url)

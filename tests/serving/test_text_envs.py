@@ -19,7 +19,7 @@ pytest.importorskip("verifiers")
 def test_a_text_env_is_played_with_respond_over_ors(serve_process):
     from ors.client import ORS, ToolCallError
 
-    served = serve_process(*GUESS)
+    served = serve_process(*GUESS, "--max-sessions", "2")
     source = GUESS[1].split("=", 1)[1]
     direct = gym.make(GUESS[0], source=source)
     try:
@@ -53,7 +53,7 @@ def test_a_tool_env_keeps_its_tools_and_also_takes_respond_over_openenv(serve_pr
     from openenv.core.env_server.mcp_types import CallToolAction
     from openenv.core.mcp_client import MCPToolClient
 
-    served = serve_process(*CALC, "--protocol", "openenv")
+    served = serve_process(*CALC, "--protocol", "openenv", "--max-sessions", "2")
     source = CALC[1].split("=", 1)[1]
     direct = gym.make(CALC[0], source=source)
 
