@@ -96,6 +96,10 @@ def test_ors_sdk_client_plays_each_step_as_gym_make_does(arith, reference):
                 assert out.metadata == {"turn": 5, "terminated": True, "truncated": False}
                 with pytest.raises(ToolCallError, match="finished"):
                     session.call_tool("submit", {"answer": answer})
+        task = env.get_task("test", 3)  # a session on an explicit task spec (the ORS Task object)
+        with env.session(task=task) as session:
+            assert task.task_spec["question"] in session.get_prompt()[0].text
+            assert session.call_tool("submit", {"answer": task.task_spec["answer"]}).reward == 1.0
 
 
 def test_openreward_client_sees_messages_tasks_and_typed_refusals(arith, reference):
