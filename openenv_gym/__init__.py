@@ -37,6 +37,8 @@ __all__ = [
     "list_environments",
     "make_mixture",
     "register_all",
+    "serve",
+    "served",
     "tune_gc",
     "__version__",
 ]
@@ -53,6 +55,8 @@ _LAZY = {
     "ToolSpec": "openenv_gym.wire",
     "SessionPool": "openenv_gym.pool",
     "make_mixture": "openenv_gym.mixture",
+    "serve": "openenv_gym.serving",
+    "served": "openenv_gym.serving",
     "tune_gc": "openenv_gym.processes",
 }
 """Public names imported on first use (module that defines each)."""

@@ -12,6 +12,7 @@
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
     openenv-gym view FILE... [--html OUT] [--port N]
     openenv-gym play ID [--port N] [--out FILE] [KEY=VALUE ...]
+    openenv-gym serve ID [KEY=VALUE ...] [--protocol ors|openenv] [--port N | --uds PATH] [--max-sessions N]
 
 Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
 unknown id, a missing extra, an ``--out`` that cannot be written) print one clear line and exit
@@ -242,6 +243,12 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return play_command(args.id, args.kwargs, port=args.port, out=args.out, linger=args.linger)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from openenv_gym.serving.command import serve_command
+
+    return serve_command(args)
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows ``(default: X)`` where there is a default to show (not for flags or an unset ``None``)."""
 
@@ -356,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--linger", type=float, default=30.0,
                    help="seconds the server waits for a page to come back after the last one closed, then stops")
     p.set_defaults(fn=_cmd_play)
+
+    p = command("serve", "serve an env to other ecosystems' clients, over ORS or OpenEnv's protocol")
+    p.add_argument("id", help=env_help)
+    from openenv_gym.serving.command import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(fn=_cmd_serve)
     return parser
 
 
@@ -363,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        if args.command in ("list", "info", "rollout", "bench", "play"):
+        if args.command in ("list", "info", "rollout", "bench", "play", "serve"):
             import openenv_gym  # noqa: F401  (registers the ids these commands look up)
         return args.fn(args)
     except OpenEnvGymError as exc:

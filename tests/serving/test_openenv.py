@@ -1,0 +1,156 @@
+"""A served env over OpenEnv's protocol, driven by OpenEnv 0.10's own clients (``MCPToolClient``
+in its default production mode, ``GenericEnvClient``) and by raw WebSockets, compared step by step
+with ``gym.make`` of the same id."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import gymnasium as gym
+import httpx
+import pytest
+from serve_helpers import ARITHMETIC, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
+
+import openenv_gym  # noqa: F401
+
+pytest.importorskip("openenv")
+
+
+@pytest.fixture(scope="module")
+def arith():
+    served = start_serve(ARITHMETIC, "--protocol", "openenv", "--max-sessions", "6")
+    yield served
+    assert served.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def reference():
+    env = gym.make(ARITHMETIC)
+    yield env
+    env.close()
+
+
+def test_mcp_tool_client_lists_calls_and_gets_rewards_as_gym_make_does(arith, reference):
+    from openenv.core.env_server.mcp_types import CallToolAction, ToolErrorType
+    from openenv.core.mcp_client import MCPToolClient
+
+    async def play(index: int) -> None:
+        obs, _ = reference.reset(options={"split": "train", "index": index})
+        async with MCPToolClient(base_url=arith.url, headers=arith.headers) as env:
+            opening = await env.reset(split="train", index=index)
+            assert opening.observation.metadata["prompt"] == obs
+            assert not opening.done
+            assert [t.name for t in await env.list_tools()] == ["calculator", "submit"]
+            action = {"expression": expression(obs[0]["content"])}
+            said, reward, terminated, _, _ = reference.step(call("calculator", action))
+            result = await env.step(CallToolAction(tool_name="calculator", arguments=action))
+            assert result.observation.result["data"] == said[0]["content"]
+            assert (result.reward, result.done) == (reward, terminated)
+            # call_tool goes over HTTP /mcp to the same session: the episode moves on there too.
+            said, reward, *_ = reference.step(call("calculator", {"expression": "6*7"}))
+            out = await env.call_tool("calculator", expression="6*7")
+            assert out["result"]["data"] == said[0]["content"] == "42" and out["reward"] == reward
+            said, *_ = reference.step(call("nope"))
+            refused = await env.step(CallToolAction(tool_name="nope", arguments={}))
+            assert refused.observation.error.error_type is ToolErrorType.TOOL_NOT_FOUND
+            assert refused.observation.error.message == said[0]["content"]
+            answer = reference.unwrapped.task("train", index)["answer"]
+            said, reward, terminated, _, _ = reference.step(call("submit", {"answer": answer}))
+            final = await env.step(CallToolAction(tool_name="submit", arguments={"answer": answer}))
+            assert (final.reward, final.done, reward, terminated) == (1.0, True, 1.0, True)
+            assert (await env.state()).step_count == 4
+
+    for index in (2, 1500):
+        asyncio.run(play(index))
+
+
+def test_generic_client_resets_by_seed_as_gym_make_does(arith, reference):
+    from openenv.core.generic_client import GenericEnvClient
+
+    with GenericEnvClient(base_url=arith.url, headers=arith.headers) as env:
+        for seed in (0, 11, 12):
+            obs, info = reference.reset(seed=seed)
+            opening = env.reset(seed=seed)
+            meta = opening.observation["metadata"]
+            assert meta["prompt"] == obs and (meta["split"], meta["index"]) == (info["split"], info["index"])
+            assert [t["name"] for t in meta["tools"]] == ["calculator", "submit"]
+            # What the client learns of the task: never its spec (which holds the answer).
+            assert set(meta) == {"prompt", "tools", "task_id", "split", "index", "episode_id"}
+            wrong = {"answer": "-1"}
+            _, reward, terminated, _, _ = reference.step(call("submit", wrong))
+            result = env.step({"type": "call_tool", "tool_name": "submit", "arguments": wrong})
+            assert (result.reward, result.done) == (reward, terminated) == (0.0, True)
+            assert result.observation["metadata"] == {"turn": 1, "terminated": True, "truncated": False}
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+            env.reset(split="train", index=10**6)
+        env.reset(seed=1)  # the session goes on after a refused reset
+
+
+def test_capacity_reached_is_openenvs_error(serve_process):
+    from openenv.core.generic_client import GenericEnvClient
+
+    served = serve_process(ARITHMETIC, "--protocol", "openenv", "--max-sessions", "1")
+    first = GenericEnvClient(base_url=served.url, headers=served.headers)
+    second = GenericEnvClient(base_url=served.url, headers=served.headers)
+    try:
+        first.reset(seed=0)
+        with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+            second.reset(seed=0)
+        first.close()  # its session ends with its socket: the next client gets the slot
+        assert second.reset(seed=0).done is False
+    finally:
+        first.close()
+        second.close()
+    assert served.stop() == 0
+
+
+def test_malformed_messages_are_errors_the_client_reads(arith):
+    from websockets.sync.client import connect
+
+    with connect(arith.url.replace("http", "ws") + "/ws", additional_headers=arith.headers) as ws:
+        def ask(text: str) -> dict:
+            ws.send(text)
+            return json.loads(ws.recv())
+
+        cases = [
+            ("{nope", "INVALID_JSON"), ("[1, 2]", "VALIDATION_ERROR"), ('{"type": "dance"}', "UNKNOWN_TYPE"),
+            ('{"type": "step", "data": {"type": "call_tool", "tool_name": "submit", "arguments": {}}}', "EXECUTION_ERROR"),
+            ('{"type": "reset", "data": {"seed": -1}}', "VALIDATION_ERROR"),
+            ('{"type": "reset", "data": {"split": "nope"}}', "VALIDATION_ERROR"),
+            ('{"type": "step", "data": {"action": "RIGHT"}}', "VALIDATION_ERROR"),
+            ('{"type": "step", "data": {"type": "call_tool", "tool_name": 3}}', "VALIDATION_ERROR"),
+            ('{"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list"}}', None),
+            ("[" * 100_000 + "]" * 100_000, "INVALID_JSON"),
+        ]
+        for text, code in cases:
+            reply = ask(text)
+            if code is None:
+                assert reply["type"] == "mcp" and reply["data"]["result"]["tools"]
+            else:
+                assert reply["type"] == "error" and reply["data"]["code"] == code, (text, reply)
+        reply = ask('{"type": "reset", "data": {"seed": 3}}')
+        assert reply["type"] == "observation" and reply["data"]["done"] is False
+        reply = ask('{"type": "state"}')
+        assert reply == {"type": "state", "data": {"episode_id": reply["data"]["episode_id"], "step_count": 0}}
+    with httpx.Client(headers=arith.headers) as client:
+        rpc = client.post(f"{arith.url}/mcp", content=b"{oops").json()
+        assert rpc["error"]["code"] == -32700
+        rpc = client.post(f"{arith.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                                    "params": {"name": "submit", "arguments": {}}}).json()
+        assert rpc["error"]["code"] == -32602 and "session" in rpc["error"]["message"]
+        rpc = client.post(f"{arith.url}/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "nope"}).json()
+        assert rpc["error"]["code"] == -32601
+        assert client.get(f"{arith.url}/health").json() == {"status": "healthy"}
+
+
+def test_schema_and_metadata_are_openenvs_models(arith):
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+    from openenv.core.env_server.types import EnvironmentMetadata, Observation, State
+
+    with httpx.Client(headers=arith.headers) as client:
+        schema = client.get(f"{arith.url}/schema").json()
+        meta = client.get(f"{arith.url}/metadata").json()
+    assert schema == {"action": CallToolAction.model_json_schema(), "observation": CallToolObservation.model_json_schema(),
+                      "reset_observation": Observation.model_json_schema(), "state": State.model_json_schema()}
+    assert EnvironmentMetadata(**meta).name == "Arithmetic"
