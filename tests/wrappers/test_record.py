@@ -18,6 +18,7 @@ import gymnasium as gym
 import msgspec
 import numpy as np
 import pytest
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -269,10 +270,29 @@ def test_a_malformed_line_is_a_clear_decode_error():
         decode_record(b'{"rewards": "x"}')
 
 
+class EndCounter(gym.Wrapper, RecordConstructorArgs):
+    """Counts the steps that end an episode (below the recorder, so it sees what the recorder sees)."""
+
+    def __init__(self, env):
+        RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self.ended = 0
+
+    def step(self, action):
+        result = self.env.step(action)
+        self.ended += bool(result[2] or result[3])
+        return result
+
+
 def test_check_env_passes(base, tmp_path):
-    env = RecordEpisodes(base, tmp_path / "check.jsonl")
+    counter = EndCounter(base)
+    env = RecordEpisodes(counter, tmp_path / "check.jsonl")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*different from the unwrapped.*")
         check_env(env, skip_render_check=True)
-    for record in read_records(env.path):  # whatever check_env played and finished was recorded whole
-        assert len(record.rewards) == len(record.actions())
+    env.reset(seed=0)  # and one episode played to its end after check_env's, so there is one at least
+    env.step(tool("submit", answer="0"))
+    records = read_records(env.path)
+    assert len(records) == counter.ended >= 1  # every episode that ended was recorded, whole
+    for record in records:
+        assert len(record.rewards) == len(record.actions()) and (record.terminated or record.truncated)
