@@ -34,6 +34,7 @@ import fleet.exceptions as exc  # noqa: E402
 from fleet.tasks import Task as SyncTask  # noqa: E402
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.shared import exceptions as mcp_exceptions  # noqa: E402
 from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 
 from openenv_gym.testing.fleet import EXAMPLE_TASKS, FleetTestServer, write_example_tasks  # noqa: E402
@@ -42,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from conftest import pid_alive  # noqa: E402
 
 API_KEY = "fleet-test-key-7f3c1d9a"  # distinctive, so "never in the log" is a meaningful check
+# The error an MCP client session raises for an error the server sent: McpError in mcp 1.x,
+# renamed MCPError in 2.x.
+MCP_ERROR: type[Exception] = getattr(mcp_exceptions, "MCPError", None) or mcp_exceptions.McpError
 TASKS = {t["key"]: t for t in EXAMPLE_TASKS}
 
 
@@ -280,7 +284,7 @@ def test_dropped_mcp_session_gets_an_error_and_reconnect_works(srv: FleetTestSer
         async with mcp_session(url) as session:
             assert not (await call(session, "count_issues", {}))["isError"]
             assert srv.drop_mcp_sessions() >= 1
-            with pytest.raises(Exception, match="(?i)session"):  # McpError (1.x) / MCPError (2.x)
+            with pytest.raises(MCP_ERROR, match="(?i)session"):
                 await call(session, "count_issues", {})
         async with mcp_session(url) as session:  # a fresh session works
             assert (await call(session, "count_issues", {}))["structuredContent"] == {"result": 2}
