@@ -238,7 +238,7 @@ def test_lost_create_response_is_recovered_without_a_second_instance(srv: FleetT
     assert creates[0]["request_id"] == creates[1]["request_id"] == created[0]["request_id"]
 
 
-def test_unknown_env_and_version_fail_fast(srv: FleetTestServer) -> None:
+def test_unknown_env_and_version_fail_within_2_s_without_retries(srv: FleetTestServer) -> None:
     client = fleet.Fleet(api_key=API_KEY, base_url=srv.url)
     started = time.monotonic()
     with pytest.raises(exc.FleetEnvironmentNotFoundError):
