@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, SupportsFloat
@@ -71,6 +72,8 @@ class JsonlWriter:
         self.backups = backups
         self._closed = False
         self._fd: int | None = self._open()
+        # flock excludes other descriptors only: threads sharing this writer take turns here.
+        self._mutex = threading.Lock()
 
     def _open(self) -> int:
         # Read access too: the last byte is read to see whether a line was left unfinished.
@@ -86,17 +89,18 @@ class JsonlWriter:
         Raises ``OSError`` when the file cannot take it (the file is then left as it was), and
         ``ValueError`` once closed.
         """
-        while True:
-            fd = self._lock_current()
-            try:
-                size = os.fstat(fd).st_size
-                if self.max_bytes is not None and size > 0 and size + len(line) > self.max_bytes:
-                    self._rotate()  # the locked file goes; the next round opens the new one
-                    continue
-                self._append(fd, size, line)
-                return
-            finally:
-                _unlock(fd)
+        with self._mutex:
+            while True:
+                fd = self._lock_current()
+                try:
+                    size = os.fstat(fd).st_size
+                    if self.max_bytes is not None and size > 0 and size + len(line) > self.max_bytes:
+                        self._rotate()  # the locked file goes; the next round opens the new one
+                        continue
+                    self._append(fd, size, line)
+                    return
+                finally:
+                    _unlock(fd)
 
     def _lock_current(self) -> int:
         """Our descriptor of the file now at ``path``, locked (reopened if it was rotated away)."""
@@ -151,10 +155,11 @@ class JsonlWriter:
 
     def close(self) -> None:
         """Close the file (idempotent)."""
-        self._closed = True
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        with self._mutex:
+            self._closed = True
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
 
 
 def _lock(fd: int) -> None:

@@ -68,7 +68,7 @@ writer.close()
 
 def test_writers_in_threads_and_processes_sharing_a_path_lose_no_line(tmp_path):
     """Each writer rotates by the file's real size, under the file's lock: no line is overwritten
-    by another writer's rotation, and no file outgrows max_bytes."""
+    by another writer's rotation, and no file outgrows max_bytes (a writer shared by threads too)."""
     path, n, max_bytes = tmp_path / "shared.jsonl", 400, 4_000
     processes = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"p{k}", str(n), str(max_bytes)])
                  for k in range(3)]
@@ -79,14 +79,22 @@ def test_writers_in_threads_and_processes_sharing_a_path_lose_no_line(tmp_path):
             writer.write(('{"w": "%s", "i": %d, "pad": "%s"}\n' % (tag, i, "x" * (i % 200))).encode())
         writer.close()
 
+    shared = JsonlWriter(path, max_bytes=max_bytes, backups=100_000)  # one writer, two threads
+
+    def write_shared(tag: str) -> None:
+        for i in range(n):
+            shared.write(('{"w": "%s", "i": %d, "pad": "%s"}\n' % (tag, i, "x" * (i % 200))).encode())
+
     threads = [threading.Thread(target=write, args=(f"t{k}",)) for k in range(4)]
+    threads += [threading.Thread(target=write_shared, args=(f"s{k}",)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert all(p.wait(120) == 0 for p in processes)
+    shared.close()
     got = sorted((d["w"], d["i"]) for d in map(json.loads, lines_of(path, max_bytes)))
-    tags = [f"p{k}" for k in range(3)] + [f"t{k}" for k in range(4)]
+    tags = [f"p{k}" for k in range(3)] + [f"t{k}" for k in range(4)] + [f"s{k}" for k in range(2)]
     assert got == sorted((tag, i) for tag in tags for i in range(n))
     assert len(files_of(path)) > 50  # it did rotate, many times over
 
