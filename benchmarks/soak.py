@@ -197,7 +197,7 @@ def ok(r: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-envs", type=int, default=1024, help="concurrent sub-envs (default 1024)")
-    parser.add_argument("--minutes", type=float, default=10.0, help="how long to run (default 10)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long to run (default 10; 0 skips it)")
     parser.add_argument("--recorder-minutes", type=float, default=None,
                         help="how long the recording run lasts (default: --minutes; 0 skips it)")
     parser.add_argument("--max-bytes", type=int, default=8 * 2**20,
@@ -215,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         warmup = args.warmup if args.warmup is not None else min(60.0, seconds / 5)
         return run(args.num_envs, seconds, warmup, args.sample, batch, max_bytes)
 
-    r = soak(args.minutes)
-    report(r)
+    r = rec = None
+    if args.minutes > 0:
+        r = soak(args.minutes)
+        report(r)
     recorder_minutes = args.minutes if args.recorder_minutes is None else args.recorder_minutes
-    rec = None
     if recorder_minutes > 0:
         rec = soak(recorder_minutes, args.max_bytes)
         print("with RecordEpisodes on every sub-env, one path, rotating:")
@@ -242,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     recording = f", RecordEpisodes on each, one path rotating at {args.max_bytes // 2**20} MiB"
-    write(args.json, figures_of(r, "") + (figures_of(rec, recording) if rec else []),
+    write(args.json, (figures_of(r, "") if r else []) + (figures_of(rec, recording) if rec else []),
           {"plain": r, "recording": rec})
-    return 0 if ok(r) and (rec is None or ok(rec)) else 1
+    return 0 if all(ok(x) for x in (r, rec) if x is not None) else 1
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ __all__ = [
     "EpisodeRecord",
     "as_assistant_message",
     "encode_record",
+    "encode_record_into",
     "decode_record",
     "iter_records",
     "read_records",
@@ -221,6 +222,22 @@ def encode_record(record: EpisodeRecord | dict[str, Any]) -> bytes:
     except UnicodeEncodeError:
         data = _encoder.encode(_scrub(record))
     return data + b"\n"
+
+
+def encode_record_into(record: EpisodeRecord | dict[str, Any], buffer: bytearray) -> bytearray:
+    """:func:`encode_record` written into ``buffer`` (its content replaced), which is returned.
+
+    The buffer keeps its memory from one record to the next, so a recorder that reuses one
+    allocates nothing per record once it has held the largest. That matters where many threads
+    record (a vector env runs each sub-env's wrappers on a thread of its own): a fresh buffer per
+    record, grown step by step, leaves chunks in every thread's allocator caches.
+    """
+    try:
+        _encoder.encode_into(record, buffer)
+    except UnicodeEncodeError:
+        _encoder.encode_into(_scrub(record), buffer)
+    buffer.extend(b"\n")
+    return buffer
 
 
 def decode_record(line: bytes | str) -> EpisodeRecord:

@@ -21,7 +21,7 @@ import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
 
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.records import EpisodeRecord, encode_record
+from openenv_gym.records import EpisodeRecord, encode_record_into
 from openenv_gym.wrappers.conversation import new_messages, sent_message
 
 try:
@@ -243,6 +243,7 @@ class RecordEpisodes(gym.Wrapper, RecordConstructorArgs):
         RecordConstructorArgs.__init__(self, path=str(path), max_bytes=max_bytes, backups=backups)
         gym.Wrapper.__init__(self, env)
         self._writer = JsonlWriter(path, max_bytes=max_bytes, backups=backups)
+        self._line = bytearray()  # reused for every record (see encode_record_into)
         self._record: EpisodeRecord | None = None
         self.episodes = 0
 
@@ -308,7 +309,7 @@ class RecordEpisodes(gym.Wrapper, RecordConstructorArgs):
             self._record = None
             record.total_reward = float(sum(record.rewards))
             record.terminated, record.truncated = bool(terminated), bool(truncated)
-            self._writer.write(encode_record(record))
+            self._writer.write(encode_record_into(record, self._line))
             self.episodes += 1
 
     def _failed(self, info: dict[str, Any], exc: Exception, consequence: str) -> dict[str, Any]:
