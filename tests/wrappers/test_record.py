@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.records import EpisodeRecord, decode_record, encode_record, iter_records, read_records, write_records
+from openenv_gym.records import (EpisodeRecord, decode_record, encode_record, encode_record_into, iter_records,
+                                 read_records, write_records)
 from openenv_gym.wrappers import RecordEpisodes, TextToolCalls
 from openenv_gym.wrappers.record import JsonlWriter
 
@@ -263,6 +264,15 @@ def test_what_a_model_wrote_never_breaks_encoding():
     back = decode_record(encode_record(record))
     assert back.messages[0]["content"] == "bad \ufffd surrogate"
     assert back.messages[1]["n"] == 3 and back.messages[1]["obj"] == "<object>"
+
+
+def test_one_reused_buffer_encodes_each_record_as_encode_record_does():
+    """What RecordEpisodes writes: records of any size, one after another, into one buffer."""
+    buffer = bytearray()
+    for size in (3_000, 10, 700, 0, 5_000, 1):
+        record = EpisodeRecord(task_id=str(size), messages=[{"role": "user", "content": "x" * size + "\ud800"}])
+        assert bytes(encode_record_into(record, buffer)) == encode_record(record)
+        assert decode_record(buffer).task_id == str(size)
 
 
 def test_a_malformed_line_is_a_clear_decode_error():
