@@ -144,16 +144,41 @@ def _tree_pss(pids: set[int]) -> float:
     return sum(_pss_kib(p) for p in pids) / 1024
 
 
+_ACTORS = (b"ray::EnvHost", b"ray::Raw")  # the actor processes this benchmark starts
+
+
+def _settle(seconds: float = 30.0) -> None:
+    """Wait until no actor process of an earlier env is left (closed actors exit in the
+    background), so that a measurement counts only what runs for the env being measured."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        titles = []
+        for pid in _ray_pids(set()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    titles.append(fh.read())
+            except OSError:
+                continue
+        if not any(t.startswith(_ACTORS) for t in titles):
+            return
+        time.sleep(0.2)
+
+
 def pss_at(num_envs: int, kwargs: dict[str, Any]) -> tuple[float, float]:
     """(Ray PSS, AsyncVectorEnv PSS) in MiB with ``num_envs`` sub-envs each, one side at a time."""
     import gymnasium as gym
 
+    _settle()  # the actors of earlier envs are gone: only this env's are counted
+    before = set(_ray_pids(set()))
     envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, backend="ray", **kwargs)
     try:
         _lockstep(envs, 3)
-        ray_pss = _tree_pss(set(_ray_pids(set())))
+        pids = set(_ray_pids(set()))
+        ray_pss = _tree_pss(pids)
+        print(f"    Ray at {num_envs}: {len(pids)} processes, {len(pids - before)} of them this env's", flush=True)
     finally:
         envs.close()
+        _settle()
     envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, vectorization_mode="async",
                         vector_kwargs={"shared_memory": False}, **kwargs)
     try:
@@ -222,6 +247,7 @@ def latency_at(num_envs: int, steps: int) -> tuple[list[float], list[float]]:
         for r in raws:
             ray.kill(r)
         envs.close()
+        _settle()
 
 
 def main() -> None:
