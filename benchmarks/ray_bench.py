@@ -6,8 +6,8 @@ On one shared Arithmetic ORS server (so only the vectorization differs):
   against AsyncVectorEnv (64 worker processes, ``shared_memory=False``, fork), lockstep steps;
   target >= 1.0;
 * **memory** at 64 and at 256 sub-envs: PSS of everything each side runs (Ray: its head
-  services and the actors; AsyncVectorEnv: its worker processes), measured while it is up;
-  target at 256: Ray <= 1/4 of AsyncVectorEnv;
+  services and the actors; AsyncVectorEnv: its worker processes), measured while it is up, each
+  side started afresh in every repeat; target at 256: Ray <= 1/4 of AsyncVectorEnv;
 * **latency** at 64 sub-envs: the p50 of one lockstep RayVectorEnv step against raw Ray calls
   doing the same work (one call per actor, each stepping its shard's sessions concurrently),
   both on a backend whose steps cost nothing, so that the difference is what the vector env
@@ -119,6 +119,7 @@ def bench_ray(reps: int, seconds: float, num_envs: int = 64, num_actors: int | N
     result = {
         "ray_steps_per_sec": statistics.median(ray_rate), "async_steps_per_sec": statistics.median(async_rate),
         "forkserver_steps_per_sec": statistics.median(safe_rate),
+        "speed_ratios": [a / b for a, b in zip(ray_rate, async_rate)],  # one per repeat: the figure's spread
         "speed_ratio": statistics.median(a / b for a, b in zip(ray_rate, async_rate)),
         "speed_ratio_forkserver": statistics.median(a / b for a, b in zip(ray_rate, safe_rate)),
         "ray_pss_mib": ray_pss, "ray_actor_pss_mib": actor_pss, "async_pss_mib": async_pss,
@@ -143,16 +144,41 @@ def _tree_pss(pids: set[int]) -> float:
     return sum(_pss_kib(p) for p in pids) / 1024
 
 
+_ACTORS = (b"ray::EnvHost", b"ray::Raw")  # the actor processes this benchmark starts
+
+
+def _settle(seconds: float = 30.0) -> None:
+    """Wait until no actor process of an earlier env is left (closed actors exit in the
+    background), so that a measurement counts only what runs for the env being measured."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        titles = []
+        for pid in _ray_pids(set()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    titles.append(fh.read())
+            except OSError:
+                continue
+        if not any(t.startswith(_ACTORS) for t in titles):
+            return
+        time.sleep(0.2)
+
+
 def pss_at(num_envs: int, kwargs: dict[str, Any]) -> tuple[float, float]:
     """(Ray PSS, AsyncVectorEnv PSS) in MiB with ``num_envs`` sub-envs each, one side at a time."""
     import gymnasium as gym
 
+    _settle()  # the actors of earlier envs are gone: only this env's are counted
+    before = set(_ray_pids(set()))
     envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, backend="ray", **kwargs)
     try:
         _lockstep(envs, 3)
-        ray_pss = _tree_pss(set(_ray_pids(set())))
+        pids = set(_ray_pids(set()))
+        ray_pss = _tree_pss(pids)
+        print(f"    Ray at {num_envs}: {len(pids)} processes, {len(pids - before)} of them this env's", flush=True)
     finally:
         envs.close()
+        _settle()
     envs = gym.make_vec("openenv/ORS-v0", num_envs=num_envs, vectorization_mode="async",
                         vector_kwargs={"shared_memory": False}, **kwargs)
     try:
@@ -221,6 +247,7 @@ def latency_at(num_envs: int, steps: int) -> tuple[list[float], list[float]]:
         for r in raws:
             ray.kill(r)
         envs.close()
+        _settle()
 
 
 def main() -> None:
@@ -252,26 +279,31 @@ def main() -> None:
             added.append(p50_ours[-1] - p50_raw[-1])
             print(f"  latency rep {r}: RayVectorEnv step p50 {p50_ours[-1]:.2f} ms, raw actor calls "
                   f"{p50_raw[-1]:.2f} ms, added {added[-1]:.2f} ms", flush=True)
-        pss = {}
-        for n in (64, 256):
-            pss[n] = pss_at(n, kwargs)
-            print(f"  PSS at {n}: Ray {pss[n][0]:.0f} MiB, AsyncVectorEnv {pss[n][1]:.0f} MiB "
-                  f"(ratio {pss[n][0] / pss[n][1]:.2f})", flush=True)
+        pss: dict[int, list[tuple[float, float]]] = {64: [], 256: []}
+        for r in range(args.reps):  # each side started afresh per repeat
+            for n in (64, 256):
+                pss[n].append(pss_at(n, kwargs))
+                print(f"  PSS rep {r} at {n}: Ray {pss[n][-1][0]:.0f} MiB, AsyncVectorEnv {pss[n][-1][1]:.0f} MiB "
+                      f"(ratio {pss[n][-1][0] / pss[n][-1][1]:.2f})", flush=True)
     finally:
         if owned:
             RAY.release()
         server.close()
     details.update(p50_ms_ours=p50_ours, p50_ms_raw=p50_raw, pss_mib=pss)
+
+    def pss_note(n: int) -> str:
+        return (f"{statistics.median(r for r, _ in pss[n]):.0f} vs {statistics.median(a for _, a in pss[n]):.0f} MiB")
+
     figures = [
         figure("RayVectorEnv vs AsyncVectorEnv (64 processes), env-steps/s at 64",
-               [speed["speed_ratio"]], target=1.0, note="lockstep steps"),
+               speed["speed_ratios"], target=1.0, note="lockstep steps"),
         figure("Ray: p50 latency added over raw actor calls at 64 sub-envs", added, unit="ms", target=0.5,
                higher_is_better=False, note=f"zero-cost steps; p50 {statistics.median(p50_ours):.2f} vs "
                                             f"{statistics.median(p50_raw):.2f} ms"),
-        figure("Ray PSS vs AsyncVectorEnv at 64 sub-envs", [pss[64][0] / pss[64][1]], higher_is_better=False,
-               note=f"{pss[64][0]:.0f} vs {pss[64][1]:.0f} MiB"),
-        figure("Ray PSS vs AsyncVectorEnv at 256 sub-envs", [pss[256][0] / pss[256][1]], target=0.25,
-               higher_is_better=False, note=f"{pss[256][0]:.0f} vs {pss[256][1]:.0f} MiB"),
+        figure("Ray PSS vs AsyncVectorEnv at 64 sub-envs", [r / a for r, a in pss[64]], higher_is_better=False,
+               note=pss_note(64)),
+        figure("Ray PSS vs AsyncVectorEnv at 256 sub-envs", [r / a for r, a in pss[256]], target=0.25,
+               higher_is_better=False, note=pss_note(256)),
     ]
     for f in figures:
         print(f"{f['name']}: {f['median']:.2f} {f['unit']} ({f['min']:.2f}-{f['max']:.2f})"

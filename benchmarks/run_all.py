@@ -9,8 +9,10 @@ behind it (JSON) are written with the machine they ran on, so a figure is never 
     python benchmarks/run_all.py --quick              # fewer repeats and shorter runs (a smoke run)
 
 Writes ``benchmarks/results.md`` and ``benchmarks/results.json`` (``--out`` to change), and each
-benchmark's own output to ``<out>.logs/<name>.log``. A benchmark that fails or needs a missing
-extra gets a row saying so; the others still run.
+benchmark's own output to ``<out>.logs/<name>.log``. A ``--quick`` run writes
+``benchmarks/results/quick.md`` and ``.json`` instead (git ignores that folder) and never the
+committed results: its figures are a smoke test, not measurements. A benchmark that fails or
+needs a missing extra gets a row saying so; the others still run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+COMMITTED = HERE / "results"  # the stem of the results the README pastes
+QUICK = HERE / "results" / "quick"  # where a --quick run writes (an ignored folder)
 
 # name, script, arguments, arguments with --quick, needs (importable modules), timeout (s)
 BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
@@ -138,13 +142,22 @@ def provenance(runs: list[dict[str, Any]], info: dict[str, Any]) -> str:
                    for (date, commit), names in sorted(earlier.items()))
 
 
+def spread(f: dict[str, Any]) -> str:
+    """The min-max column: the spread of the repeats, or "one run" for a single measurement."""
+    if f.get("reps", 0) < 2:
+        return "one run"
+    return f"{_fmt(f['min'], f['unit'])} - {_fmt(f['max'], f['unit'])}"
+
+
 def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> str:
     pk = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+    minutes = sum(r.get("seconds", 0.0) for r in runs) / 60
     lines = [
         f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, {info['memory_gib']} GiB), "
         f"{info['os']}, Python {info['python']}; commit {info['commit']}; {pk}.",
-        f"Command: `{command}`. Each figure: median of the repeats (min-max); ratios are ours / the baseline "
-        "measured in the same run." + provenance(runs, info),
+        f"Command: `{command}`; the benchmarks ran {minutes:.0f} min in all. Each figure: median of the repeats "
+        "(min-max; \"one run\" for a figure measured once); ratios are ours / the baseline measured in the same "
+        "run." + provenance(runs, info),
         "",
         "| benchmark | figure | median | min-max | target | met |",
         "|---|---|---|---|---|---|",
@@ -161,8 +174,7 @@ def markdown(runs: list[dict[str, Any]], info: dict[str, Any], command: str) -> 
             median = _fmt(f["median"], f["unit"])
             if f.get("met") is False and f.get("target") is not None and median == _fmt(f["target"], f["unit"]):
                 median = f"{f['median']:.4f}".rstrip("0") + (f["unit"] if f["unit"] == "x" else f" {f['unit']}")
-            lines.append(f"| {run['name']} | {name} | {median} | "
-                         f"{_fmt(f['min'], f['unit'])} - {_fmt(f['max'], f['unit'])} | {target} | {met} |")
+            lines.append(f"| {run['name']} | {name} | {median} | {spread(f)} | {target} | {met} |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,14 +199,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated benchmark names: " + ",".join(b[0] for b in BENCHES))
     parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
-    parser.add_argument("--out", default=str(HERE / "results"), help="output stem (.md and .json are added)")
+    parser.add_argument("--out", default=None,
+                        help="output stem (.md and .json are added; default: benchmarks/results, "
+                             "or benchmarks/results/quick with --quick)")
     parser.add_argument("--update", action="store_true",
                         help="keep the other benchmarks' rows of an earlier run's JSON (re-run some, keep one table)")
     args = parser.parse_args()
     only = set(args.only.split(",")) if args.only else None
     if only and (unknown := only - {b[0] for b in BENCHES}):
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else QUICK if args.quick else COMMITTED
+    if args.quick and out.resolve() == COMMITTED:
+        parser.error("a --quick run never writes the committed benchmarks/results.md and .json; "
+                     "leave out --out (it writes benchmarks/results/quick.*) or give another stem")
     logs = Path(str(out) + ".logs")
     logs.mkdir(parents=True, exist_ok=True)
     info = machine()
@@ -213,8 +230,8 @@ def main() -> None:
         run["measured"] = {"date": info["date"], "commit": info["commit"]}
         runs.append(run)
         for f in run["figures"]:
-            print(f"   {f['name']}: {_fmt(f['median'], f['unit'])} ({_fmt(f['min'], f['unit'])} - "
-                  f"{_fmt(f['max'], f['unit'])})" + ("" if f.get("met") is None else f"  met={f['met']}"), flush=True)
+            print(f"   {f['name']}: {_fmt(f['median'], f['unit'])} ({spread(f)})"
+                  + ("" if f.get("met") is None else f"  met={f['met']}"), flush=True)
         if not run["ok"]:
             print(f"   did not run: {run['error']}", flush=True)
     command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "") + \
@@ -230,6 +247,7 @@ def main() -> None:
                                                    default=str))
     print()
     print(table)
+    print(f"written to {out}.md and {out}.json")
 
 
 if __name__ == "__main__":

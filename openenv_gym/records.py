@@ -18,7 +18,8 @@ A record holds only what the conversation already holds plus the task reference:
 kwargs (API keys, URLs with tokens) and nothing else from ``info``.
 
 Writing is safe to read while it happens: every record is one line written by one ``write`` call,
-and :func:`iter_records` yields only complete lines, so a reader never sees half a record.
+and :func:`iter_records` yields only complete lines, so a reader never sees half a record; a line
+damaged by a writer that failed mid-line costs only itself (skipped with a warning).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,16 @@ import numpy as np
 
 from openenv_gym.wire import AssistantMessage, Message, decode_with, to_plain_json
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = [
     "EpisodeRecord",
     "as_assistant_message",
     "encode_record",
+    "encode_record_into",
     "decode_record",
     "iter_records",
     "read_records",
@@ -216,6 +224,22 @@ def encode_record(record: EpisodeRecord | dict[str, Any]) -> bytes:
     return data + b"\n"
 
 
+def encode_record_into(record: EpisodeRecord | dict[str, Any], buffer: bytearray) -> bytearray:
+    """:func:`encode_record` written into ``buffer`` (its content replaced), which is returned.
+
+    The buffer keeps its memory from one record to the next, so a recorder that reuses one
+    allocates nothing per record once it has held the largest. That matters where many threads
+    record (a vector env runs each sub-env's wrappers on a thread of its own): a fresh buffer per
+    record, grown step by step, leaves chunks in every thread's allocator caches.
+    """
+    try:
+        _encoder.encode_into(record, buffer)
+    except UnicodeEncodeError:
+        _encoder.encode_into(_scrub(record), buffer)
+    buffer.extend(b"\n")
+    return buffer
+
+
 def decode_record(line: bytes | str) -> EpisodeRecord:
     """The :class:`EpisodeRecord` of one JSON line; ``msgspec.DecodeError`` (a ``ValueError``)
     names what is wrong with a malformed one."""
@@ -225,15 +249,68 @@ def decode_record(line: bytes | str) -> EpisodeRecord:
 def iter_records(path: str | os.PathLike[str]) -> Iterator[EpisodeRecord]:
     """The records of a JSONL file, in order, read line by line.
 
-    Only complete lines are read: a last line without its ``\\n`` is a record still being
-    written, and is skipped, so this is safe on a file another process is writing.
+    One damaged line never costs the rest of the file. A last line without its ``\\n`` is skipped:
+    silently while a :class:`~openenv_gym.wrappers.RecordEpisodes` writer is still appending it
+    (it holds the file's ``flock`` meanwhile), so this is safe on a file being written; with a
+    warning otherwise (the writer died mid-line). A line that is not a record (a torn line that a
+    later record ended) is skipped with a warning naming its line number; when a whole record
+    follows the torn part on that line (older writers appended the next record to a torn line),
+    that record is read.
     """
     with open(path, "rb") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
+                if not _being_written(f):
+                    _warn_damaged(path, number, "is cut short (no newline at its end) and no writer is appending "
+                                                "to it; skipped")
                 return
-            if line.strip():
-                yield decode_record(line)
+            if not line.strip():
+                continue
+            try:
+                record = decode_record(line)
+            except ValueError as exc:  # msgspec.DecodeError
+                record = _after_torn_part(line)
+                _warn_damaged(path, number, f"is not a record ({exc}); "
+                                            + ("read the record after its torn start" if record else "skipped"))
+                if record is None:
+                    continue
+            yield record
+
+
+_RECORD_START = b'{"env":'  # every record's JSON starts so: "env" is the first field, also in rollout's dicts
+_RECOVERY_TRIES = 8
+
+
+def _after_torn_part(line: bytes) -> EpisodeRecord | None:
+    """The whole record at the end of ``line`` after a torn one, if there is one."""
+    at = 0
+    for _ in range(_RECOVERY_TRIES):
+        at = line.find(_RECORD_START, at + 1)
+        if at < 0:
+            return None
+        try:
+            return decode_record(line[at:])
+        except ValueError:
+            continue
+    return None
+
+
+def _being_written(f: Any) -> bool:
+    """Whether a writer holds the file's lock (it is appending), or finished a line since it was read."""
+    if fcntl is None:
+        return True  # no way to tell: take it for a line still being written, as it most often is
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    try:
+        return os.fstat(f.fileno()).st_size != f.tell()
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _warn_damaged(path: str | os.PathLike[str], number: int, what: str) -> None:
+    warnings.warn(f"openenv_gym: line {number} of {os.fspath(path)} {what}", stacklevel=3)
 
 
 def read_records(path: str | os.PathLike[str]) -> list[EpisodeRecord]:

@@ -240,7 +240,7 @@ def test_a_lost_create_response_makes_one_instance_not_two(server, tasks_file):
         env.close()
 
 
-def test_bad_env_key_fails_at_once_with_fleets_message(server, tasks_file):
+def test_bad_env_key_fails_without_a_retry_with_fleets_message(server, tasks_file):
     before = len(server.requests())
     env = gym.make("openenv/Fleet-v0", env_key="no-such-env", prompt="hi", api_key=server.api_key, base_url=server.url)
     try:

@@ -191,7 +191,7 @@ def connections(adapter) -> list[int]:
 
 
 # -- a dead worker -------------------------------------------------------------------------------------
-def test_a_killed_worker_fails_only_its_sessions_in_bounded_time_and_is_restarted():
+def test_a_killed_worker_fails_only_its_sessions_within_30_s_and_is_restarted():
     envs = burn_vec(4, max_turns=50)
     try:
         adapter = envs.adapters[0]

@@ -129,7 +129,7 @@ def test_ctrl_c_mid_step_is_cancelled_in_the_host_too(hosted):
     assert obs[0]["content"] == "1"
 
 
-def test_a_killed_host_is_a_typed_error_in_bounded_time_and_reset_recovers(hosted):
+def test_a_killed_host_is_a_typed_error_within_5_s_and_reset_recovers(hosted):
     hosted.reset(seed=0)
     pid = host_pid(hosted)
     servers = procs.descendants(pid)
@@ -165,7 +165,7 @@ def test_a_late_answer_is_never_taken_for_the_next_requests():
         env.close()
 
 
-def test_close_from_another_thread_ends_a_hung_step_at_once():
+def test_close_from_another_thread_ends_a_hung_step_within_10_s():
     env = gym.make("openenv/ORS-v0", python=PY, **PROBE)
     env.reset(seed=0)
     pid = host_pid(env)
@@ -178,7 +178,7 @@ def test_close_from_another_thread_ends_a_hung_step_at_once():
     assert procs.wait_dead(tree, timeout=10) == []
 
 
-def test_a_stopped_host_times_out_and_closes_at_once():
+def test_a_stopped_host_times_out_within_5_s_and_closes_within_10_s():
     """A host frozen by SIGSTOP answers nothing: the step ends at step_timeout, close() kills it."""
     env = gym.make("openenv/ORS-v0", python=PY, step_timeout=1.0, **PROBE)
     env.reset(seed=0)

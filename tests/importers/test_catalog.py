@@ -225,7 +225,7 @@ def test_remove_deletes_a_bad_entry_and_keeps_every_other(tmp_path: Path, name: 
     assert raw == {"Good": GOOD, "a b": other_bad}  # the other bad entry is kept for its owner
 
 
-def test_remove_invalid_removes_every_bad_entry_at_once(tmp_path: Path) -> None:
+def test_remove_invalid_removes_every_bad_entry_in_one_call(tmp_path: Path) -> None:
     path = tmp_path / "catalog.json"
     write(path, {"Good": GOOD, "a/b": {"name": "a/b", "kind": "ors", "source": "/s"}, "X": {"kind": "ors"}})
     assert set(remove_invalid(path)) == {"a/b", "X"}

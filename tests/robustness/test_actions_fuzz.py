@@ -15,7 +15,7 @@ import sys
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from openenv_gym.actions import MAX_NAME_LENGTH, ParsedCall, Turn, check_action_type, check_call, parse_action
@@ -224,14 +224,108 @@ def test_any_assistant_message_dict_gives_a_sendable_turn(message):
     parse_or_refuse(message)
 
 
+# -- the expected reading of a call, from the documented rules (not from the parser) ----------------
+
+class NotPlain(Exception):
+    """A value that is not plain JSON as the module docs define it."""
+
+
+def as_plain(value, depth: int = 1):
+    """``value`` as plain JSON builtins (tuples as lists, subclasses as their base), or NotPlain:
+    str keys, valid Unicode, finite floats, 64-bit integers, at most MAX_JSON_DEPTH levels."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if not _unicode_ok(value):
+            raise NotPlain
+        return str(value)
+    if isinstance(value, int):
+        if not JSON_INT_MIN <= value <= JSON_INT_MAX:
+            raise NotPlain
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NotPlain
+        return float(value)
+    if isinstance(value, (list, tuple, dict)) and depth > MAX_JSON_DEPTH:
+        raise NotPlain
+    if isinstance(value, (list, tuple)):
+        return [as_plain(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for key, sub in value.items():
+            if not isinstance(key, str) or not _unicode_ok(key):
+                raise NotPlain
+            out[str(key)] = as_plain(sub, depth + 1)
+        return out
+    raise NotPlain
+
+
+def expected_arguments(raw):
+    """The arguments a call with ``raw`` arguments must get: a dict, or None (the call has an error)."""
+    if raw is None or (isinstance(raw, str) and not raw):
+        return {}
+    if isinstance(raw, str):
+        if not _unicode_ok(raw):
+            return None
+        try:
+            value = json.loads(raw, parse_constant=_refuse)  # strict JSON: no NaN or Infinity
+            return as_plain(value) if isinstance(value, dict) else None
+        except (ValueError, RecursionError, NotPlain):
+            return None
+    if isinstance(raw, dict):
+        try:
+            return as_plain(raw)
+        except NotPlain:
+            return None
+    return None  # a number, a list, a set...: not an object
+
+
+def readable_name(value) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_NAME_LENGTH and _unicode_ok(value)
+
+
+def expected_call(n: int, raw):
+    """``(id, name, arguments or None)`` the n-th call must be read as, or None if it makes the
+    whole message unreadable (not an object, no function object, a bad name or id)."""
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(function, dict) or not readable_name(function.get("name")):
+        return None
+    call_id = raw.get("id")
+    if call_id is None or (isinstance(call_id, str) and not call_id):
+        call_id = f"call_{n}"
+    elif not readable_name(call_id):
+        return None
+    return call_id, function["name"], expected_arguments(function.get("arguments"))
+
+
 @MANY
 @given(st.lists(call_dicts(), min_size=1, max_size=3))
 def test_each_tool_call_is_parsed_or_explained(calls):
+    """Each call is read exactly as the documented rules say: its id, name and arguments, or an
+    error for arguments that are not a plain JSON object; a bad name or id makes the message
+    unreadable, and the message says which call."""
     turn = parse_or_refuse({"role": "assistant", "tool_calls": calls})
-    if turn.error is None:
-        assert len(turn.calls) == len(calls)
-        for call in turn.calls:
-            assert (call.error is None) == (check_call(call, {call.name: ToolSpec(call.name)}) is None)
+    expected = [expected_call(n, raw) for n, raw in enumerate(calls)]
+    if None in expected:
+        first = expected.index(None)
+        event("unreadable message")
+        assert turn.error is not None and turn.calls == [], turn
+        assert f"tool call {first}" in turn.error, turn.error
+        return
+    assert turn.error is None, turn.error
+    assert len(turn.calls) == len(calls)
+    for call, (call_id, name, arguments) in zip(turn.calls, expected):
+        event("call with arguments" if arguments is not None else "call with an error")
+        assert (call.id, call.name) == (call_id, name)
+        assert call.arguments == arguments, (call.arguments, call.error)
+        assert (call.error is None) == (arguments is not None)
+        # What the agent is told: the call's own error first, else the tool list's verdict.
+        said = check_call(call, TOOLS)
+        if call.error is not None:
+            assert said is not None and call.error in said
+        elif name not in TOOLS:
+            assert said is not None and "unknown tool" in said
 
 
 @SOME
@@ -261,11 +355,14 @@ def test_dict_arguments_are_kept_exactly_when_plain(value):
     (call,) = parse_action({"tool_calls": [{"function": {"name": "f", "arguments": {"v": value}}}]}).calls
     assert_sendable(Turn(None, [call]))
     try:
-        ok = plain({"v": value}) and json.loads(json.dumps({"v": value})) == {"v": value}
-    except Exception:  # noqa: BLE001 - json itself refuses what is not JSON
-        ok = False
-    if ok:
-        assert call.error is None and call.arguments == {"v": value}
+        expected = as_plain({"v": value})
+    except NotPlain:
+        expected = None
+    if expected is None:
+        assert call.error is not None and call.arguments is None
+    else:
+        assert call.error is None and call.arguments == expected
+        assert json.loads(json.dumps(call.arguments)) == call.arguments  # plain builtins, as JSON has them
 
 
 # -- the named cases of issue 9 (each raised an untyped exception before) ----------------------------

@@ -10,9 +10,10 @@ import codecs
 import json
 import math
 
+import msgpack  # the format's reference implementation (it comes with the ray extra)
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from openenv_gym.sse import ServerSentEvent, SSEDecoder, parse_sse
@@ -117,21 +118,42 @@ def test_ops_and_results_round_trip(op_list, result_list):
     assert decode_results(encode_results(result_list)) == result_list
 
 
-def decodes_or_refuses(decode, data, also=()):
+def reference_msgpack(data: bytes) -> object:
+    """What msgpack's reference implementation reads from ``data``; raises unless ``data`` is
+    exactly one msgpack value."""
+    # Any extension type code: msgpack's ExtType refuses the negative (reserved) codes the format allows.
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=lambda code, body: (code, body))
+
+
+def reference_json(data: bytes) -> object:
+    """What Python's json module reads from ``data`` as UTF-8 JSON; raises unless it is one value."""
+    return json.loads(data.decode("utf-8"))
+
+
+def decodes_or_refuses(decode, data, reference, encode) -> str:
+    """``decode`` refuses ``data`` with a ``DecodeError``, or ``data`` is one valid document of
+    its format (the reference implementation reads it) and what was decoded encodes back to a
+    document that decodes to the same. Returns which happened."""
     try:
-        decode(data)
-    except (msgspec.DecodeError, *also):  # ValidationError is a DecodeError; both are ValueErrors
-        pass
-
-
-OPS_TOLERATED: tuple[type[BaseException], ...] = ()
+        reference(data)
+        valid = True
+    except Exception:  # noqa: BLE001 - the reference's refusals, whatever their type
+        valid = False
+    try:
+        value = decode(data)
+    except msgspec.DecodeError:  # ValidationError is a DecodeError; both are ValueErrors
+        return "refused"
+    assert valid, f"decoded bytes that are not one valid document: {data[:80]!r}"
+    again = encode(value)
+    assert encode(decode(again)) == again
+    return "decoded"
 
 
 @MANY
 @given(st.binary(max_size=200))
 def test_garbage_bytes_give_decode_errors(data):
-    for decode in (decode_ops, decode_results):
-        decodes_or_refuses(decode, data, OPS_TOLERATED)
+    event("ops " + decodes_or_refuses(decode_ops, data, reference_msgpack, encode_ops))
+    event("results " + decodes_or_refuses(decode_results, data, reference_msgpack, encode_results))
 
 
 @FEW
@@ -141,8 +163,16 @@ def test_damaged_encodings_give_decode_errors(op_list, data):
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(0, len(encoded) - 1))
         encoded[at] = data.draw(st.integers(0, 255))
-    decodes_or_refuses(decode_ops, bytes(encoded[: data.draw(st.integers(0, len(encoded)))]), OPS_TOLERATED)
-    decodes_or_refuses(decode_results, bytes(encoded), OPS_TOLERATED)
+    cut = bytes(encoded[: data.draw(st.integers(0, len(encoded)))])
+    event("ops " + decodes_or_refuses(decode_ops, cut, reference_msgpack, encode_ops))
+    event("results " + decodes_or_refuses(decode_results, bytes(encoded), reference_msgpack, encode_results))
+
+
+def test_a_cut_encoding_is_refused():
+    """Ops cut anywhere short of their end are never read as fewer ops."""
+    encoded = encode_ops([Op(env_id=1, req_id=2, kind="step", action={"content": "x" * 40})])
+    for end in range(len(encoded)):
+        assert decodes_or_refuses(decode_ops, encoded[:end], reference_msgpack, encode_ops) == "refused"
 
 
 # A list of one op whose action nests 100,000 deep, and one result whose first message does.
@@ -170,8 +200,8 @@ WIRE_TYPES = [None, Opening, Outcome, ToolSpec, TaskRef, AssistantMessage, list[
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_wire_decoders_refuse_garbage_with_decode_errors(data):
     for type_ in WIRE_TYPES:
-        decodes_or_refuses(lambda d: json_decode(d, type_), data)
-        decodes_or_refuses(lambda d: msgpack_decode(d, type_), data)
+        event("json " + decodes_or_refuses(lambda d: json_decode(d, type_), data, reference_json, msgspec.json.encode))
+        event("msgpack " + decodes_or_refuses(lambda d: msgpack_decode(d, type_), data, reference_msgpack, msgpack_encode))
 
 
 @pytest.mark.parametrize("type_", WIRE_TYPES, ids=str)

@@ -135,7 +135,7 @@ MAKE = {
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["single", "concurrent", "ray", "hosted", "hosted_vec"])
 @pytest.mark.parametrize("ending", ["forget_close", "exception", "keyboard_interrupt"])
-def test_a_script_that_never_closes_exits_promptly_and_leaves_nothing(script, kind, ending):
+def test_a_script_that_never_closes_exits_within_15_s_and_leaves_nothing(script, kind, ending):
     end = {"forget_close": "pass", "exception": "raise RuntimeError('boom')",
            "keyboard_interrupt": "raise KeyboardInterrupt"}[ending]
     s = script(f"""
@@ -185,7 +185,7 @@ def probe_env():
 
 def interrupt_after(seconds: float) -> threading.Timer:
     """A real SIGINT (as Ctrl-C sends) after ``seconds``, delivered to another thread than the
-    main one: Python must still raise KeyboardInterrupt in the main thread promptly."""
+    main one: Python must still raise KeyboardInterrupt in the main thread (the tests allow 10 s)."""
     timer = threading.Timer(seconds, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGINT))
     timer.start()
     return timer

@@ -18,13 +18,15 @@ import gymnasium as gym
 import msgspec
 import numpy as np
 import pytest
+from gymnasium.utils import RecordConstructorArgs
 from gymnasium.utils.env_checker import check_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.records import EpisodeRecord, decode_record, encode_record, iter_records, read_records, write_records
+from openenv_gym.records import (EpisodeRecord, decode_record, encode_record, encode_record_into, iter_records,
+                                 read_records, write_records)
 from openenv_gym.wrappers import RecordEpisodes, TextToolCalls
 from openenv_gym.wrappers.record import JsonlWriter
 
@@ -219,7 +221,8 @@ def test_a_partial_last_line_is_skipped(tmp_path):
     write_records(path, [EpisodeRecord(task_id="a"), EpisodeRecord(task_id="b")])
     with open(path, "ab") as f:
         f.write(encode_record(EpisodeRecord(task_id="c"))[:-10])
-    assert [r.task_id for r in iter_records(path)] == ["a", "b"]
+    with pytest.warns(UserWarning, match="cut short"):  # no writer holds the file: the line was torn
+        assert [r.task_id for r in iter_records(path)] == ["a", "b"]
 
 
 def test_close_closes_the_file_and_is_idempotent(base, tmp_path):
@@ -263,15 +266,43 @@ def test_what_a_model_wrote_never_breaks_encoding():
     assert back.messages[1]["n"] == 3 and back.messages[1]["obj"] == "<object>"
 
 
+def test_one_reused_buffer_encodes_each_record_as_encode_record_does():
+    """What RecordEpisodes writes: records of any size, one after another, into one buffer."""
+    buffer = bytearray()
+    for size in (3_000, 10, 700, 0, 5_000, 1):
+        record = EpisodeRecord(task_id=str(size), messages=[{"role": "user", "content": "x" * size + "\ud800"}])
+        assert bytes(encode_record_into(record, buffer)) == encode_record(record)
+        assert decode_record(buffer).task_id == str(size)
+
+
 def test_a_malformed_line_is_a_clear_decode_error():
     with pytest.raises(msgspec.DecodeError):
         decode_record(b'{"rewards": "x"}')
 
 
+class EndCounter(gym.Wrapper, RecordConstructorArgs):
+    """Counts the steps that end an episode (below the recorder, so it sees what the recorder sees)."""
+
+    def __init__(self, env):
+        RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self.ended = 0
+
+    def step(self, action):
+        result = self.env.step(action)
+        self.ended += bool(result[2] or result[3])
+        return result
+
+
 def test_check_env_passes(base, tmp_path):
-    env = RecordEpisodes(base, tmp_path / "check.jsonl")
+    counter = EndCounter(base)
+    env = RecordEpisodes(counter, tmp_path / "check.jsonl")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*different from the unwrapped.*")
         check_env(env, skip_render_check=True)
-    for record in read_records(env.path):  # whatever check_env played and finished was recorded whole
-        assert len(record.rewards) == len(record.actions())
+    env.reset(seed=0)  # and one episode played to its end after check_env's, so there is one at least
+    env.step(tool("submit", answer="0"))
+    records = read_records(env.path)
+    assert len(records) == counter.ended >= 1  # every episode that ended was recorded, whole
+    for record in records:
+        assert len(record.rewards) == len(record.actions()) and (record.terminated or record.truncated)

@@ -10,13 +10,15 @@ answered exactly as without the wrapper.
 from __future__ import annotations
 
 import json
+import math
+import time
 import warnings
 
 import gymnasium as gym
 import pytest
 from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 from gymnasium.utils.env_checker import check_env
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
@@ -150,6 +152,35 @@ def test_parse_never_raises_and_returns_well_formed_calls(text, formats):
         assert isinstance(call["function"]["arguments"], str)
 
 
+# -- linear in the text, whatever it holds --------------------------------------------------------
+
+# What adversarial texts are made of: a prefix, then one unit repeated (markers, end-of-turn tokens,
+# JSON openers, quotes, whitespace, a complete call object).
+PIECES = [*MARKERS, "{", "[", '"', "\\", " ", "\n", '{"name": "f"}', ";", "x"]
+
+
+def parse_cost(text: str) -> float:
+    """CPU seconds of this thread for one parse: the least of five (the machine is shared)."""
+    best = math.inf
+    for _ in range(5):
+        start = time.thread_time()
+        parse_tool_text(text)
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+@settings(max_examples=25, deadline=None)
+@given(prefix=st.sampled_from(["", *MARKERS]), unit=st.lists(st.sampled_from(PIECES), min_size=1, max_size=3).map("".join))
+@example(prefix="", unit="</s>")  # was quadratic: a megabyte of </s> took 4 s, holding the GIL
+@example(prefix="<tool_call>", unit="<|eot_id|>\n")
+def test_parsing_is_linear_in_the_text(prefix, unit):
+    """Four times the text costs about four times as much, never sixteen (a ratio in one run)."""
+    n = 50_000 // len(unit) + 1
+    small, large = (parse_cost(prefix + unit * k) for k in (n, 4 * n))
+    # Under a millisecond for 200,000 characters there is nothing to see but timer noise.
+    assert large < 1e-3 or large / max(small, 1e-5) < 8, (prefix, unit, small, large)
+
+
 @pytest.mark.parametrize("text", [
     "", "The answer is 42.", '{"answer": 42}', "[1, 2, 3]", "I would call <tool_call> but I won't",
     "[TOOL_CALLS] nothing", '<tool_call>{"arguments": {}}</tool_call>', '{"name": 1, "parameters": {}}',
@@ -232,16 +263,27 @@ def test_ids_are_unique_within_an_episode(wrapped):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(st.characters(exclude_categories=()), max_size=200) | fragments)
-def test_unreadable_text_goes_through_unchanged_and_is_answered_as_today(base, text):
+@example(text='<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>')
+@example(text='[TOOL_CALLS]submit[ARGS]{"answer": "0"}[TOOL_CALLS]nosuch[ARGS]{}')  # the 2nd after the end
+@example(text='{"name": "f", "parameters": {}}; {"name": "calculator"}')
+def test_any_text_reaches_the_env_unchanged_or_as_the_calls_it_holds(base, text):
     recorder = Recorder(base)
     env = TextToolCalls(recorder)
     env.reset(seed=1)
     obs, reward, terminated, truncated, info = env.step(text)
-    if "assistant_message" not in info:  # no calls parsed: the env got the very text
+    found = parse_tool_text(text, FORMATS, turn=1)
+    if not found.calls:  # nothing readable: the env got the very text and answered it as text
         assert recorder.actions == [text]
         assert reward == 0.0 and not terminated
         assert obs[0]["role"] == "user"
-        assert info.get("text_tool_calls", {}).get("error") is not None or "text_tool_calls" not in info
+        assert "assistant_message" not in info
+        assert info.get("text_tool_calls") == ({"format": found.format, "error": found.error} if found.format else None)
+    else:  # the env got exactly the calls the parser read, and answered each of them
+        sent = {"role": "assistant", "content": found.content, "tool_calls": found.calls}
+        assert recorder.actions == [sent] and info["assistant_message"] == sent
+        assert info["text_tool_calls"] == {"format": found.format, "calls": len(found.calls)}
+        answered = [m["tool_call_id"] for m in obs if m["role"] == "tool"]
+        assert answered == [c["id"] for c in found.calls]
 
 
 def test_an_unreadable_call_gets_the_envs_own_answer(base):
