@@ -25,7 +25,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from figures import figure, write
 from servers import free_port, wait_healthy

@@ -252,9 +252,8 @@ def latency_at(num_envs: int, steps: int) -> tuple[list[float], list[float]]:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from figures import figure, write
-
     import gymnasium as gym
+    from figures import figure, write
 
     import openenv_gym  # noqa: F401
     from openenv_gym.vector.ray import RAY

@@ -86,7 +86,7 @@ def machine() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_gib": mem_gib, "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(), "packages": versions, "commit": commit,

@@ -33,7 +33,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gymnasium as gym  # noqa: E402
-
 from figures import figure, write  # noqa: E402
 
 import openenv_gym  # noqa: E402,F401

@@ -21,8 +21,8 @@ import gymnasium as gym
 import msgspec
 
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.processes import descendants
 from openenv_gym.policies import RandomPolicy
+from openenv_gym.processes import descendants
 from openenv_gym.vector.base import info_at
 
 __all__ = ["BenchRow", "bench", "BACKENDS", "table", "plot", "require_plotting"]

@@ -32,9 +32,9 @@ from typing import Any
 
 import msgspec
 
-from openenv_gym.version import __version__
 from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.redact import redact_kwargs, redact_urls
+from openenv_gym.version import __version__
 
 __all__ = ["main", "build_parser"]
 

@@ -9,7 +9,7 @@ venv) is :mod:`openenv_gym.isolation`; the catalog entry is written by
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from openenv_gym.errors import DetectionError
@@ -63,7 +63,7 @@ def import_source(
         env_name=found.env_name,
         module_file=found.module_file,
         sdk=found.sdk,
-        added_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        added_at=datetime.now(UTC).isoformat(timespec="seconds"),
         isolated=isolation,
         origin=origin,
         commit=commit,

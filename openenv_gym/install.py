@@ -43,8 +43,8 @@ import msgspec
 
 from openenv_gym.errors import ConfigurationError, SourceNotFound
 from openenv_gym.importers import Detected, detect
-from openenv_gym.importing import import_source
 from openenv_gym.importers.catalog import CatalogEntry, add_entry, validate_name
+from openenv_gym.importing import import_source
 from openenv_gym.isolation.snapshot import INCLUDE_HINT, Snapshot, check_include, including, stage
 from openenv_gym.isolation.venvs import requirements_for
 from openenv_gym.redact import HIDDEN, is_secret_query_key, redact_urls

@@ -29,8 +29,8 @@ from openenv_gym import runtime
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT
-from openenv_gym.spaces import AssistantAction
 from openenv_gym.shard.ops import Op, Result
+from openenv_gym.spaces import AssistantAction
 from openenv_gym.vector.base import AgentVectorEnv, VectorBackend
 from openenv_gym.vector.groups import check_group_size
 

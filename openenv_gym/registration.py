@@ -35,7 +35,6 @@ import difflib
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +42,11 @@ import gymnasium as gym
 from gymnasium.envs.registration import get_env_id
 
 from openenv_gym import backends
-from openenv_gym.adapters.base import AdapterSpec, accepted_kwargs, check_kwargs
 from openenv_gym.errors import CatalogError, ConfigurationError
 from openenv_gym.redact import RedactedEnvSpec, redact_kwargs
 
 if TYPE_CHECKING:
+    from openenv_gym.adapters.base import AdapterSpec
     from openenv_gym.env import AgentEnv
     from openenv_gym.hosts.interpreter import Interpreter
     from openenv_gym.vector import AgentVectorEnv
@@ -135,6 +134,11 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
             "this id names no adapter: register it with kwargs={'adapter': 'module:Class', ...}")
     env_kwargs = {k: kwargs.pop(k) for k in ENV_KWARGS if k in kwargs}
     host = {k: kwargs.pop(k) for k in HOST_KWARGS if k in kwargs}
+    from openenv_gym.adapters.base import (  # the adapter layer, on first make
+        AdapterSpec,
+        accepted_kwargs,
+    )
+
     spec = AdapterSpec(adapter, kwargs).resolve()
     try:
         accepted = accepted_kwargs(spec.target())
@@ -247,6 +251,8 @@ def make_vec(
         env_kwargs["max_turns"] = max_episode_steps if turns is None else min(turns, max_episode_steps)
     options = dict(vector_options or {})
     cls = vector.backend_class(backend, hosted="python" in env_kwargs)
+    from openenv_gym.adapters.base import accepted_kwargs, check_kwargs
+
     takes = accepted_kwargs(cls)
     if takes is not None:
         own = {"num_envs", "adapter", "split", "max_turns", "step_timeout", "start_timeout", "python"}  # make_vec sets these
@@ -308,7 +314,12 @@ def register_catalog() -> list[str]:
     :data:`ADAPTERS` has it) are skipped with one warning naming them all; an unreadable file
     only warns.
     """
-    from openenv_gym.importers.catalog import REMOVE_HINT, catalog_path, describe_invalid, read_catalog
+    from openenv_gym.importers.catalog import (
+        REMOVE_HINT,
+        catalog_path,
+        describe_invalid,
+        read_catalog,
+    )
 
     try:
         contents = read_catalog(kinds=ADAPTERS)
@@ -395,10 +406,29 @@ def register_discovered() -> list[str]:
     return ids
 
 
+def _entry_points() -> list[Any]:
+    """The ``openenv_gym.envs`` entry points, read from the installed metadata only when the
+    installed set changed (cached as discovery is): reading them costs more than the rest of the
+    import, and most installs have none."""
+    from openenv_gym.importers.discovery import cache_dir, cached_scan
+
+    def scan(paths: list[str]) -> list[dict[str, Any]]:
+        from importlib import metadata
+
+        return [{"name": ep.name, "value": ep.value} for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)]
+
+    found = cached_scan(cache_dir() / "entry-points.json", scan)
+    if not found:
+        return []
+    from importlib import metadata
+
+    return [metadata.EntryPoint(e["name"], e["value"], ENTRY_POINT_GROUP) for e in found]
+
+
 def register_entry_points() -> list[str]:
     """Register the environments of installed packages (entry-point group ``openenv_gym.envs``)."""
     ids = []
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _entry_points():
         try:
             for spec in ep.load()():
                 kwargs = dict(spec.get("kwargs", {}))

@@ -19,7 +19,11 @@ from gymnasium.utils import seeding
 from openenv_gym.actions import Turn, parse_action
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.errors import (
-    ConfigurationError, EpisodeFinished, EpisodeInterrupted, EpisodeNotStarted, TaskNotFound,
+    ConfigurationError,
+    EpisodeFinished,
+    EpisodeInterrupted,
+    EpisodeNotStarted,
+    TaskNotFound,
 )
 from openenv_gym.wire import Message, TaskRef, ToolSpec, to_plain_json
 

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 import openenv_gym
-from openenv_gym.testing import procs
-
 from openenv_gym.cli import build_parser, main
 from openenv_gym.importers import DETECTORS
+from openenv_gym.testing import procs
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -11,7 +11,6 @@ trainer itself runs in the TRL venv (tests/examples/test_trl_env_factory.py).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import keyword

@@ -82,7 +82,7 @@ class MCPConnection:
         self._owner = asyncio.create_task(self._own(ready, self._stop), name=f"mcp-session {self.url}")
         try:
             self._session = await asyncio.wait_for(asyncio.shield(ready), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._close_owner()
             raise BackendTimeout(f"the MCP endpoint {self.url} did not initialize within {self.timeout:g}s") from None
         except BaseException:
@@ -131,7 +131,7 @@ class MCPConnection:
         session = self._session
         try:
             return await asyncio.wait_for(getattr(session, op)(*args, **kwargs), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BackendTimeout(f"MCP {op} on {self.url} took longer than {self.timeout:g}s") from None
 
     async def _with_reconnect(self, op: str, *args: Any, **kwargs: Any) -> Any:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv_gym import runtime
-from openenv_gym.actions import Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
+from openenv_gym.actions import Turn, no_tool_call, refuse_call, tool_message, unreadable_reply, user_message
 from openenv_gym.adapters import local_servers
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive

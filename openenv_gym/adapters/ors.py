@@ -36,27 +36,44 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-
-from openenv_gym.actions import ParsedCall, Turn, tool_message, user_message, no_tool_call, refuse_call, unreadable_reply
+from openenv_gym.actions import ParsedCall, Turn, no_tool_call, refuse_call, tool_message, unreadable_reply, user_message
 from openenv_gym.adapters import local_servers
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
 from openenv_gym.adapters.local_servers.group import Server
-from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.ors_transport import (
     Block as _Block,
+)
+from openenv_gym.adapters.ors_transport import (
     ListTools as _ListTools,
+)
+from openenv_gym.adapters.ors_transport import (
     MessageWire as _MessageWire,
+)
+from openenv_gym.adapters.ors_transport import (
     NotJSON,
-    NumTasks as _NumTasks,
     ORSTransport,
-    RunToolResult as _RunToolResult,
-    SplitWire as _SplitWire,
-    TaskWire as _TaskWire,
-    TerminalTool as _TerminalTool,
     Timeouts,
-    ToolOutput as _ToolOutput,
     encode,
+)
+from openenv_gym.adapters.ors_transport import (
+    NumTasks as _NumTasks,
+)
+from openenv_gym.adapters.ors_transport import (
+    RunToolResult as _RunToolResult,
+)
+from openenv_gym.adapters.ors_transport import (
+    SplitWire as _SplitWire,
+)
+from openenv_gym.adapters.ors_transport import (
+    TaskWire as _TaskWire,
+)
+from openenv_gym.adapters.ors_transport import (
+    TerminalTool as _TerminalTool,
+)
+from openenv_gym.adapters.ors_transport import (
+    ToolOutput as _ToolOutput,
 )
 from openenv_gym.errors import BackendError, BackendTimeout, ConfigurationError, SourceNotFound
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec

@@ -48,7 +48,12 @@ from typing import Any
 
 try:
     from openenv_gym.processes import (
-        GC_THRESHOLDS, die_with_parent, is_stopped, proc_state, process_start_time, tune_gc,
+        GC_THRESHOLDS,
+        die_with_parent,
+        is_stopped,
+        proc_state,
+        process_start_time,
+        tune_gc,
     )
 except ImportError:  # run as a script by path, where openenv_gym may not be importable: its one copy by path
     _spec = importlib.util.spec_from_file_location(

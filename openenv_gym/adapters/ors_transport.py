@@ -141,7 +141,7 @@ class TaskWire(msgspec.Struct):
     task: dict[str, Any]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decoder(type_: Any) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(type_)
 

@@ -70,6 +70,7 @@ from typing import Any
 
 from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.verifiers_process import PORT_FILES, STATE
 from openenv_gym.adapters.verifiers_v1_compat import (
     check_source_compat,
     guarded,
@@ -78,7 +79,6 @@ from openenv_gym.adapters.verifiers_v1_compat import (
 )
 from openenv_gym.adapters.verifiers_v1_compat import import_v1 as _import_v1
 from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
-from openenv_gym.adapters.verifiers_process import PORT_FILES, STATE
 from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
 from openenv_gym.adapters.verifiers_v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound

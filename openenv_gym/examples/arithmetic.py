@@ -19,11 +19,11 @@ import math
 import operator
 import random
 import sys
-from typing import Any, Callable
-
-from pydantic import BaseModel, Field
+from collections.abc import Callable
+from typing import Any
 
 from ors import Environment, Server, Split, TextBlock, ToolOutput, tool
+from pydantic import BaseModel, Field
 
 __all__ = [
     "Arithmetic",

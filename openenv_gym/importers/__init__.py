@@ -20,11 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
-
-from typing import TYPE_CHECKING
 
 from openenv_gym import backends
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound

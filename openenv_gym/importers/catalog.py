@@ -25,7 +25,7 @@ import re
 import tempfile
 import unicodedata
 from collections.abc import Collection, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import msgspec
@@ -401,7 +401,7 @@ def add_entry(entry: CatalogEntry, path: str | os.PathLike[str] | None = None, r
     if 1 + _depth(entry.options) > MAX_DEPTH:
         raise CatalogError(f"the options of {entry.name!r} nest more than {MAX_DEPTH} levels deep")
     if not entry.added_at:
-        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        now = datetime.now(UTC).isoformat(timespec="seconds")
         entry = msgspec.structs.replace(entry, added_at=now)
     target = _resolve(path)
     with _locked(target):

@@ -27,9 +27,11 @@ import os
 import stat
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 __all__ = ["cache_dir", "fingerprint", "cached_scan", "module_locations", "top_modules"]
 
@@ -42,11 +44,15 @@ def cache_dir() -> Path:
 
 
 def fingerprint(paths: list[str]) -> str:
-    """A hash of the distributions installed on ``paths`` (their metadata folders' names)."""
+    """A hash of the distributions installed on ``paths``: their metadata folders' names and
+    modification times (a reinstall at the same version, e.g. ``pip install -e .`` after editing
+    the entry points, rewrites the folder)."""
     digest = hashlib.sha256()
     for entry in paths:
         try:
-            names = sorted(n for n in os.listdir(entry or ".") if n.endswith((".dist-info", ".egg-info")))
+            with os.scandir(entry or ".") as found:
+                names = sorted(f"{e.name}:{e.stat().st_mtime_ns}" for e in found
+                               if e.name.endswith((".dist-info", ".egg-info")))
         except OSError:
             continue
         digest.update(entry.encode() + b"\0" + "\0".join(names).encode() + b"\1")

@@ -20,10 +20,14 @@ Everything here reads files and distribution metadata only; no environment code 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib import metadata
+
 import importlib.util
 import os
 import re
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +172,8 @@ def _depends_on_openenv(dist: metadata.Distribution) -> bool:
 
 def _scan(paths: list[str]) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
+    from importlib import metadata  # read only when the installed set changed
+
     for dist in metadata.distributions(path=paths):
         dist_name = dist.metadata.get("Name")
         if not dist_name or dist_name.lower() in ("openenv", "openenv-core") or not _depends_on_openenv(dist):

@@ -23,18 +23,27 @@ distributions (the names of the ``*.dist-info`` entries on ``sys.path``, which c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib import metadata
+
 import ast
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
 from openenv_gym.importers.discovery import cache_dir, cached_scan, module_locations
-from openenv_gym.importers.pysource import Module, iter_python_files, parse_file, top_level
+from openenv_gym.importers.pysource import (
+    Module,
+    iter_python_files,
+    parse_file,
+    top_level,
+)
 
 __all__ = [
     "SourceModule", "VerifiersSource", "cache_path", "detect_verifiers", "discover_installed",
@@ -409,6 +418,8 @@ def _depends_on_verifiers(dist: metadata.Distribution) -> bool:
 
 def _scan(paths: list[str]) -> list[dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
+    from importlib import metadata  # read only when the installed set changed
+
     for dist in metadata.distributions(path=paths):
         name = dist.metadata.get("Name")
         if not name or name.lower() in found or not _depends_on_verifiers(dist):

@@ -217,7 +217,7 @@ class _ORS:
             while not task.done():
                 await asyncio.wait([task], timeout=SSE_PING_INTERVAL)
                 if not task.done():
-                    await response.write(f": ping - {datetime.datetime.now(datetime.timezone.utc)}\r\n\r\n".encode())
+                    await response.write(f": ping - {datetime.datetime.now(datetime.UTC)}\r\n\r\n".encode())
             if task.cancelled():
                 out = _event("error", "the call was cancelled: its session ended")
             elif (exc := task.exception()) is not None:

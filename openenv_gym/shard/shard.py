@@ -38,7 +38,15 @@ from openenv_gym.processes import ensure_open_files
 from openenv_gym.runtime import Deadlines
 from openenv_gym.session import EnvSession
 from openenv_gym.shard.ops import (
-    Op, OpKind, Result, call_each, decode_ops, encode_results, error_dict, failed, run_op,
+    Op,
+    OpKind,
+    Result,
+    call_each,
+    decode_ops,
+    encode_results,
+    error_dict,
+    failed,
+    run_op,
 )
 from openenv_gym.shard.wrapped import SubEnvWrappers
 from openenv_gym.wire import ToolSpec

@@ -63,29 +63,30 @@ import zipfile
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mcp.server.transport_security import TransportSecuritySettings
-
 from openenv_gym.processes import die_with_parent
 from openenv_gym.testing.fleet_common import API_KEY_ENV, DEFAULT_API_KEY, EXAMPLE_TASKS, take_api_key
 
 try:  # mcp 2.x
-    from mcp.server.mcpserver import Image, MCPServer as _MCPServerClass
+    from mcp.server.mcpserver import Image
+    from mcp.server.mcpserver import MCPServer as _MCPServerClass
     from mcp.server.mcpserver.exceptions import ToolError
 
     MCP_MAJOR = 2
 except ImportError:  # mcp 1.x
-    from mcp.server.fastmcp import FastMCP as _MCPServerClass, Image
+    from mcp.server.fastmcp import FastMCP as _MCPServerClass
+    from mcp.server.fastmcp import Image
     from mcp.server.fastmcp.exceptions import ToolError
 
     MCP_MAJOR = 1
@@ -122,7 +123,7 @@ _MANAGER_PATH = re.compile(r"^/(?P<instance_id>[^/_][^/]*)/api/v1/env(/|$)")
 
 
 def _now_iso(t: float | None = None) -> str:
-    return datetime.fromtimestamp(time.time() if t is None else t, timezone.utc).isoformat()
+    return datetime.fromtimestamp(time.time() if t is None else t, UTC).isoformat()
 
 
 def _strip_v(version: str | None) -> str | None:
@@ -960,7 +961,7 @@ class FleetTestApp:
                     asyncio.to_thread(_run_verifier, self.state, self.state.bundles[sha], inst, _final_answer(body)),
                     timeout=float(body.get("timeout") or 60),
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 outcome = {"success": False, "result": None, "stdout": "", "error": "TimeoutError: verifier timed out"}
         return JSONResponse({
             "key": body.get("key"),

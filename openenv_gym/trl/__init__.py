@@ -6,6 +6,6 @@
 ``datasets``, and TRL reads the tools' schemas with ``transformers``.
 """
 
-from openenv_gym.trl.spec import EnvSpec, Environment, env_reward
+from openenv_gym.trl.spec import Environment, EnvSpec, env_reward
 
 __all__ = ["EnvSpec", "Environment", "env_reward"]

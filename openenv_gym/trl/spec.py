@@ -50,7 +50,7 @@ from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.pool import SessionPool, Slot
 from openenv_gym.registration import ENTRY_POINT, check_id, check_make_kwargs
 from openenv_gym.trl.tools import check_names, schema_loss, tool_function
-from openenv_gym.wire import Message, ToolSpec
+from openenv_gym.wire import Message
 
 __all__ = ["EnvSpec", "Environment", "env_reward"]
 

@@ -36,7 +36,12 @@ from gymnasium.vector.utils import batch_space
 from openenv_gym import runtime
 from openenv_gym.actions import check_action_type
 from openenv_gym.errors import (
-    BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeFinished, EpisodeNotStarted, inherited,
+    BackendTimeout,
+    ConcurrentUse,
+    ConfigurationError,
+    EpisodeFinished,
+    EpisodeNotStarted,
+    inherited,
 )
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.shard.ops import Op, OpKind, Result

@@ -20,9 +20,9 @@ from typing import Any, TextIO
 import msgspec
 from aiohttp import web
 
+from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
 from openenv_gym.web.rollouts import Rollouts, load
-from openenv_gym.web.access import Access
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.web.summary import summarize
 

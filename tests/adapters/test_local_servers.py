@@ -111,8 +111,8 @@ def test_counts_always_match_the_leases_held_and_no_server_is_overfilled(ops, ca
 
 
 def test_a_remote_server_is_placed_even_when_full():
-    from openenv_gym.adapters.local_servers.group import RemoteServers
     from openenv_gym import runtime
+    from openenv_gym.adapters.local_servers.group import RemoteServers
 
     group = RemoteServers("http://127.0.0.1:9", "OpenEnv server")
     group.capacity = 1

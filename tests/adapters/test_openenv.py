@@ -20,12 +20,11 @@ from pathlib import Path
 import gymnasium as gym
 import httpx
 import pytest
+from conftest import ENVS, free_port, pid_alive  # noqa: E402
 from gymnasium.utils.env_checker import check_env
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError, TaskNotFound
-
-from conftest import ENVS, free_port, pid_alive  # noqa: E402
 
 pytest.importorskip("openenv")
 pytestmark = pytest.mark.timeout(240)

@@ -13,7 +13,6 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import openenv_gym  # noqa: F401  (registers the ids)
-from openenv_gym.spaces import AssistantAction
 from openenv_gym.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -21,6 +20,7 @@ from openenv_gym.errors import (
     EpisodeNotStarted,
     TaskNotFound,
 )
+from openenv_gym.spaces import AssistantAction
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parents[1] / "envs"))

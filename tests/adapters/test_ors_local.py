@@ -56,9 +56,9 @@ def test_server_stops_when_its_parent_is_killed():
 
 def test_idle_sessions_are_pinged_while_the_policy_thinks(server):
     import gymnasium as gym
+    from fault_proxy import FaultProxy
 
     import openenv_gym  # noqa: F401
-    from fault_proxy import FaultProxy
 
     proxy = FaultProxy(int(server.url.rsplit(":", 1)[1]))
     env = gym.make("openenv/ORS-v0", url=proxy.url, env_name="probe", ping_interval=0.2)

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym import runtime
-from openenv_gym.testing import procs
 from openenv_gym.actions import ParsedCall, Turn
-from openenv_gym.adapters.local_servers import group as server_groups, processes as server_processes
+from openenv_gym.adapters.local_servers import group as server_groups
+from openenv_gym.adapters.local_servers import processes as server_processes
 from openenv_gym.adapters.ors import ORSAdapter
 from openenv_gym.errors import (
     BackendTimeout,
@@ -36,6 +36,7 @@ from openenv_gym.errors import (
     OpenEnvGymError,
     ServerError,
 )
+from openenv_gym.testing import procs
 from openenv_gym.wire import TaskRef
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -20,6 +20,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import ENVS, pid_alive  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,8 +30,6 @@ from openenv_gym.adapters.openenv import OpenEnvAdapter
 from openenv_gym.adapters.ors import ORSAdapter
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.testing import procs
-
-from conftest import ENVS, pid_alive  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

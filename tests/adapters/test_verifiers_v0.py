@@ -34,7 +34,11 @@ from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
 from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.errors import (  # noqa: E402
-    BackendTimeout, ConfigurationError, EpisodeInterrupted, RuntimeClosed, SourceNotFound,
+    BackendTimeout,
+    ConfigurationError,
+    EpisodeInterrupted,
+    RuntimeClosed,
+    SourceNotFound,
 )
 from openenv_gym.vector import make as make_vector  # noqa: E402
 from openenv_gym.vector.base import info_at  # noqa: E402

@@ -31,10 +31,9 @@ from typing import Any
 
 import pytest
 
-from openenv_gym.testing import procs
-
 from openenv_gym.adapters import verifiers_v1 as v1mod
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.testing import procs
 
 try:
     vf = v1mod._import_v1()

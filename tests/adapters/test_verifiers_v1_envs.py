@@ -37,8 +37,8 @@ from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.verifiers_process import importable  # noqa: E402
 from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
-from openenv_gym.importing import import_source  # noqa: E402
 from openenv_gym.importers.verifiers import detect_verifiers  # noqa: E402
+from openenv_gym.importing import import_source  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 
 ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"

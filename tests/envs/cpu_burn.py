@@ -20,9 +20,8 @@ import os
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from ors import Environment, Split, TextBlock, ToolOutput, tool
+from pydantic import BaseModel, Field
 
 __all__ = ["CpuBurn", "BurnInput", "burn_cpu", "TASKS", "MAX_BURN_MS"]
 

@@ -43,6 +43,7 @@ from probe_common import (  # noqa: E402  (a sibling module: the folder is on sy
     big_text,
 )
 
+
 def _text(text: str, reward: float = 0.0, finished: bool = False) -> ToolOutput:
     return ToolOutput(blocks=[TextBlock(text=text)], reward=reward, finished=finished)
 

@@ -26,7 +26,12 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym.errors import (
-    BackendTimeout, ConfigurationError, EpisodeInterrupted, EpisodeNotStarted, HostDied, InvalidAction,
+    BackendTimeout,
+    ConfigurationError,
+    EpisodeInterrupted,
+    EpisodeNotStarted,
+    HostDied,
+    InvalidAction,
     TaskNotFound,
 )
 from openenv_gym.hosts.protocol import unpack

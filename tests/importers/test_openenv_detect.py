@@ -20,14 +20,14 @@ import openenv_gym  # noqa: F401
 from openenv_gym import cli
 from openenv_gym.errors import DetectionError, SourceNotFound
 from openenv_gym.importers import detect
-from openenv_gym.importing import import_source
-from openenv_gym.importers.ors import looks_like_ors
 from openenv_gym.importers.openenv import (
     discover_installed,
     looks_like_openenv,
     read_manifest,
     resolve_source,
 )
+from openenv_gym.importers.ors import looks_like_ors
+from openenv_gym.importing import import_source
 from openenv_gym.registration import env_info, register_catalog, register_discovered
 
 ENVS = Path(__file__).parent.parent / "envs"

@@ -14,9 +14,9 @@ import pytest
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, InvalidName, SourceNotFound
 from openenv_gym.importers import Detected, detect
-from openenv_gym.importing import import_source
 from openenv_gym.importers.catalog import load_catalog
 from openenv_gym.importers.ors import ORSDetection, ServerCall, detect_ors, looks_like_ors
+from openenv_gym.importing import import_source
 
 # A complete environment body (required methods) to append to test classes.
 REQUIRED = """

@@ -7,7 +7,6 @@ consent, the commit is pinned, secrets never reach the data dir, credentials nev
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket

@@ -16,8 +16,8 @@ import pytest
 
 from openenv_gym.cli import main
 from openenv_gym.errors import ConfigurationError, DetectionError
-from openenv_gym.importing import import_source
 from openenv_gym.importers.catalog import load_catalog
+from openenv_gym.importing import import_source
 from openenv_gym.isolation import venvs
 from openenv_gym.isolation.snapshot import snapshot
 from openenv_gym.registration import register_catalog

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from openenv_gym.sse import ServerSentEvent, SSEDecoder, parse_sse
 from openenv_gym.shard.ops import Op, OpKind, Result, decode_ops, decode_results, encode_ops, encode_results
+from openenv_gym.sse import ServerSentEvent, SSEDecoder, parse_sse
 from openenv_gym.wire import (
     JSON_INT_MAX,
     JSON_INT_MIN,

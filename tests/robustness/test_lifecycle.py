@@ -24,10 +24,13 @@ import gymnasium as gym
 import pytest
 
 import openenv_gym  # noqa: F401  (registers the ids)
-from openenv_gym.testing import procs
 from openenv_gym.errors import (
-    BackendTimeout, ConcurrentUse, ConfigurationError, EpisodeInterrupted,
+    BackendTimeout,
+    ConcurrentUse,
+    ConfigurationError,
+    EpisodeInterrupted,
 )
+from openenv_gym.testing import procs
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
 PROBE = dict(source=str(ENVS / "ors_probe.py"), env_class="Probe")

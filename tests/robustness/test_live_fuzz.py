@@ -14,14 +14,13 @@ import json
 import gymnasium as gym
 import msgspec
 import pytest
+from bad_actions import NAMED_BAD, SAYS_WHAT_WAS_WRONG, Opaque, call, deep  # tests/bad_actions.py
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401
 from openenv_gym.actions import check_call, parse_action
 from openenv_gym.errors import ConfigurationError, InvalidAction
-
-from bad_actions import NAMED_BAD, SAYS_WHAT_WAS_WRONG, Opaque, call, deep  # tests/bad_actions.py
 from openenv_gym.spaces import Messages
 from openenv_gym.vector import ConcurrentVectorEnv
 from openenv_gym.wire import ToolSpec

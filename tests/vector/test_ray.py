@@ -19,9 +19,9 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.vector import AutoresetMode
 
 from openenv_gym.testing import procs
-from gymnasium.vector import AutoresetMode
 
 ray = pytest.importorskip("ray")
 

@@ -16,13 +16,13 @@ import aiohttp
 import gymnasium as gym
 import httpx
 import pytest
+from web_fixtures import rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.web.access import Access
 from openenv_gym.web.play import PlaySession, Worker
 from openenv_gym.web.play import make_app as play_app
 from openenv_gym.web.serving import LoopbackServer
 from openenv_gym.web.view import view_server
-from web_fixtures import rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 VIEW_ROUTES = [("GET", "/"), ("GET", "/api/episode/0"), ("GET", "/api/search?q=a"), ("GET", "/nope")]
 PLAY_ROUTES = [("GET", "/"), ("GET", "/api/state"), ("POST", "/api/reset"), ("POST", "/api/step"),

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Page, sync_playwright
+from web_fixtures import hostile_file, hostile_texts, rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.records import read_records
 from openenv_gym.testing import procs
 from openenv_gym.web.view import view_server, write_html
-from web_fixtures import hostile_file, hostile_texts, rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 pytestmark = pytest.mark.browser
 

@@ -23,6 +23,7 @@ import aiohttp
 import gymnasium as gym
 import httpx
 import pytest
+from web_fixtures import serve  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import read_records
@@ -31,7 +32,6 @@ from openenv_gym.web.access import Access
 from openenv_gym.web.play import PlaySession, Worker, make_app, parse_kwargs
 from openenv_gym.web.rollouts import load
 from openenv_gym.web.serving import LoopbackServer
-from web_fixtures import serve  # noqa: F401 (pytest fixtures, used by name)
 
 SLOW = ["adapter=openenv_gym.testing.latency:LatencyAdapter", "sigma=0", "turns=50"]
 

@@ -14,12 +14,12 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from web_fixtures import recorded_files, rollout_file  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import read_records
 from openenv_gym.web.rollouts import MAX_NOTES, episode_text, expand, load
 from openenv_gym.web.summary import summarize
-from web_fixtures import recorded_files, rollout_file  # noqa: F401 (pytest fixtures, used by name)
 
 
 def test_a_rollout_is_read_whole(rollout_file: Path) -> None:

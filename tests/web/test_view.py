@@ -15,13 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from web_fixtures import hostile_file, hostile_texts, recorded_files, rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.cli import main
 from openenv_gym.records import read_records
 from openenv_gym.web.page import asset
 from openenv_gym.web.rollouts import load
 from openenv_gym.web.view import VIEW_PAGE, render_file, view_server
-from web_fixtures import hostile_file, hostile_texts, recorded_files, rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
 
 
 def _blocks(page: str) -> dict[str, str]:

@@ -15,10 +15,10 @@ import warnings
 
 import gymnasium as gym
 import pytest
-from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.actions import parse_action, tool_message, user_message

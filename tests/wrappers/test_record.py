@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.records import (EpisodeRecord, decode_record, encode_record, encode_record_into, iter_records,
-                                 read_records, write_records)
+from openenv_gym.records import EpisodeRecord, decode_record, encode_record, encode_record_into, iter_records, read_records, write_records
 from openenv_gym.wrappers import RecordEpisodes, TextToolCalls
 from openenv_gym.wrappers.record import JsonlWriter
 

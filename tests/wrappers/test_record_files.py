@@ -13,7 +13,6 @@ import errno
 import fcntl
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys

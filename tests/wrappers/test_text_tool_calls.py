@@ -14,12 +14,11 @@ import math
 import time
 import warnings
 
-import gymnasium as gym
 import pytest
-from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from recorder import Recorder, base  # noqa: F401  (base: a fixture)
 
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.errors import ConfigurationError

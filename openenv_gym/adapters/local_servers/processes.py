@@ -31,9 +31,9 @@ from pathlib import Path
 import httpx
 
 from openenv_gym.adapters.ors_serve import CAPACITY_FILE, TOKEN_ENV
-from openenv_gym.processes import is_stopped, proc_state, process_start_time
 from openenv_gym.adapters.ors_transport import make_client
 from openenv_gym.errors import BackendTimeout, BackendUnavailable
+from openenv_gym.processes import is_stopped, proc_state, process_start_time
 
 __all__ = ["Launch", "Worker", "spawn", "wait_ready", "all_ready", "sweep_stale", "LOG_MAX_BYTES", "LISTEN_MODES"]
 

@@ -41,10 +41,22 @@ from openenv_gym.spaces import AssistantAction
 from openenv_gym.wire import Message, ToolSpec
 from openenv_gym.wrappers.context.calls import Action, Answer, interleave, local_info, normalize, spec_of, type_error
 from openenv_gym.wrappers.context.pages import (
-    StoredOutput, calls_text, compile_pattern, count_lines, message_chars, page_header, snippet, text_of,
+    StoredOutput,
+    calls_text,
+    compile_pattern,
+    count_lines,
+    message_chars,
+    page_header,
+    snippet,
+    text_of,
 )
 from openenv_gym.wrappers.context.tools import (
-    CONTEXT_TOOLS, DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_PAGE_SIZE, LOCAL, MAX_HISTORY_HITS, MAX_OUTPUT_HITS,
+    CONTEXT_TOOLS,
+    DEFAULT_MAX_OUTPUT_CHARS,
+    DEFAULT_PAGE_SIZE,
+    LOCAL,
+    MAX_HISTORY_HITS,
+    MAX_OUTPUT_HITS,
 )
 
 __all__ = ["ContextManagement"]

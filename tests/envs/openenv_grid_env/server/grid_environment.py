@@ -13,7 +13,7 @@ from openenv.core.env_server.types import State
 try:
     from ..models import GridAction, GridObservation
 except ImportError:  # run from the folder itself
-    from models import GridAction, GridObservation
+    from models import GridObservation
 
 MOVES = {"UP": (0, -1), "DOWN": (0, 1), "LEFT": (-1, 0), "RIGHT": (1, 0), "STAY": (0, 0)}
 

@@ -14,7 +14,7 @@ from openenv.core.env_server.types import State
 try:
     from ..models import SoloAction, SoloObservation
 except ImportError:  # run from the folder itself
-    from models import SoloAction, SoloObservation
+    from models import SoloObservation
 
 GOAL = 3
 

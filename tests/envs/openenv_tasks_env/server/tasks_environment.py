@@ -12,7 +12,7 @@ from openenv.core.env_server.types import State
 try:
     from ..models import AnswerAction, QuestionObservation
 except ImportError:
-    from models import AnswerAction, QuestionObservation
+    from models import QuestionObservation
 
 SPLITS = {"train": 5, "test": 3}
 
