@@ -41,6 +41,7 @@ if not importlib.util.find_spec("playwright"):
 # `import openenv_gym` registers the catalog: never let the suite read the user's own.
 _SESSION_DIR = tempfile.mkdtemp(prefix="openenv-gym-test-")
 os.environ["OPENENV_GYM_CATALOG"] = os.path.join(_SESSION_DIR, "catalog.json")
+os.environ["OPENENV_GYM_CACHE"] = os.path.join(_SESSION_DIR, "cache")  # nor read or write the user's discovery cache
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)  # tests leave no temp dir behind
 
 

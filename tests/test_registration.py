@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 from pathlib import Path
 
@@ -118,6 +120,39 @@ def test_entry_point_plugins_register_at_import(tmp_path, private_catalog):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "Probe"
     assert "plugin exploded" in done.stderr  # a broken plugin warns and does not break the import
+
+
+def test_entry_points_are_read_again_after_a_reinstall_at_the_same_version(tmp_path, private_catalog):
+    """Entry points are cached by the installed set; reinstalling a package (pip removes and writes
+    its metadata folder) must show its new entry points at the next import, same version or not."""
+    (tmp_path / "my_plugin.py").write_text(textwrap.dedent(f"""
+        def envs(name="Plugged"):
+            return [{{"id": f"openenv/{{name}}-v0", "entry_point": "openenv_gym.adapters.ors:make_env",
+                     "kwargs": {{"source": {str(ENVS / 'ors_probe.py')!r}, "env_class": "Probe"}}}}]
+        def renamed():
+            return envs("Replugged")
+    """))
+    dist = tmp_path / "my_plugin-1.0.dist-info"
+
+    def install(entry: str) -> None:
+        shutil.rmtree(dist, ignore_errors=True)
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 1.0\n")
+        (dist / "entry_points.txt").write_text(f"[openenv_gym.envs]\nmine = my_plugin:{entry}\n")
+
+    script = "import gymnasium as gym, openenv_gym; print(sorted(i for i in gym.registry if 'plugged' in i.lower()))"
+    cache = tmp_path / "cache"
+    install("envs")
+    for _ in range(2):  # the second import answers from the cache
+        done = run(["-c", script], private_catalog, PYTHONPATH=str(tmp_path), OPENENV_GYM_CACHE=str(cache))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "['openenv/Plugged-v0']"
+    assert (cache / "entry-points.json").exists()
+    time.sleep(0.01)
+    install("renamed")
+    done = run(["-c", script], private_catalog, PYTHONPATH=str(tmp_path), OPENENV_GYM_CACHE=str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['openenv/Replugged-v0']"
 
 
 def test_a_corrupt_catalog_warns_and_the_builtins_still_register(private_catalog):
