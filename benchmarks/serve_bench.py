@@ -330,7 +330,7 @@ def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for case, clients in cases.items():
                 for name in order:
-                    rate, per_step = measured(lambda: sides[name](clients, 100 + r * 1000))
+                    rate, per_step = measured(lambda name=name, clients=clients, r=r: sides[name](clients, 100 + r * 1000))
                     rates[case][name].append(rate)
                     cpu[case][name].append(per_step)
             print(f"{kind} round {r}: " + " | ".join(

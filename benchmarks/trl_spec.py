@@ -16,8 +16,9 @@ Then the figures: tool-call throughput with 64 environment instances, each reset
 their calculator calls made from 64 threads at once (as TRL's async GRPO worker runs sync tools on
 a thread pool), in rounds whose sides alternate; the ratio is ours / theirs per round (target >=
 1.0), median and min-max. Both sides share the server, so the client's own cost is measured too:
-this process's CPU time per call (every thread's; the server is another process). It needs TRL: run from a venv without it, the script runs itself under
-``.venv-trl/bin/python`` (built by ``.ci/trl.sh``) if that exists.
+this process's CPU time per call (every thread's; the server is another process). It needs TRL:
+run from a venv without it, the script runs itself under ``.venv-trl/bin/python`` (built by
+``.ci/trl.sh``) if that exists.
 
     python benchmarks/trl_spec.py [--reps 5] [--instances 64] [--calls 20] [--json out.json]
 """
@@ -54,7 +55,8 @@ def serve(port: int) -> None:
     class Arithmetic(Environment):
         """Compute an integer expression, optionally with a calculator, then submit the answer."""
 
-        def __init__(self, task_spec: dict[str, Any] = {}, secrets: dict[str, str] = {}) -> None:
+        # `task_spec: dict = {}, secrets: dict = {}` is the ORS SDK's own Environment signature.
+        def __init__(self, task_spec: dict[str, Any] = {}, secrets: dict[str, str] = {}) -> None:  # noqa: B006
             super().__init__(task_spec=task_spec, secrets=secrets)
             self.inner = bundled.Arithmetic(task_spec=task_spec, secrets=secrets)
 

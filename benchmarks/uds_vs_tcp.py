@@ -159,8 +159,10 @@ def main() -> None:
         for r in range(args.rounds):
             order = MODES if r % 2 == 0 else MODES[::-1]
             offset = 100 + r * max(args.episodes, 1000)
-            single = {m: measured(lambda: run_single(envs[m], args.episodes, offset), server[m]) for m in order}
-            conc = {m: measured(lambda: run_concurrent(adapters[m], args.sessions, args.per_client, args.seconds, offset),
+            single = {m: measured(lambda m=m, offset=offset: run_single(envs[m], args.episodes, offset), server[m])
+                      for m in order}
+            conc = {m: measured(lambda m=m, offset=offset: run_concurrent(adapters[m], args.sessions, args.per_client,
+                                                                          args.seconds, offset),
                                 server[m]) for m in order}
             row = {
                 "single": {m: {"steps_per_sec": v[0], "cpu_us_per_step": v[1]} for m, v in single.items()},

@@ -149,8 +149,8 @@ def measure_page(browser: Any, url: str, search: bool) -> dict[str, float]:
         if not search:
             return out
         scroll = page.evaluate(SCROLL)
-        out.update(frame_median=scroll["frame_median"], frame_p95=scroll["frame_p95"], draw_median=scroll["draw_median"], draw_p95=scroll["draw_p95"],
-                   dom_rows=scroll["rows"])
+        out.update(frame_median=scroll["frame_median"], frame_p95=scroll["frame_p95"],
+                   draw_median=scroll["draw_median"], draw_p95=scroll["draw_p95"], dom_rows=scroll["rows"])
         start = time.perf_counter()
         page.click("#list-head [data-key=reward]")
         until(page, "document.querySelector('#list-head [data-key=reward]').classList.contains('sorted')")

@@ -91,7 +91,8 @@ async def play(env_url: str, headers: dict[str, str], task: str, http: httpx.Asy
         logprobs: list[float] = []
         env_mask: list[int] = []
         reward, turns = 0.0, 0
-        for turns in range(1, MAX_TURNS + 1):
+        for _ in range(MAX_TURNS):
+            turns += 1
             out = await generate(http, base_url, model, messages)
             if prompt_ids is None:
                 prompt_ids = out["prompt_ids"]

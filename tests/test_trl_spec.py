@@ -207,7 +207,7 @@ def test_the_dataset_has_a_row_per_task_an_empty_prompt_and_no_answer(arithmetic
 def test_bad_dataset_arguments_are_configuration_errors(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         with EnvSpec(ARITHMETIC, **kwargs) as spec:
-            spec.train_dataset
+            _ = spec.train_dataset  # reading the property builds the dataset, which raises
 
 
 def test_a_weighted_mixture_shares_the_rows_by_weight_and_names_each_rows_env():

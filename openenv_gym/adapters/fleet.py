@@ -503,7 +503,9 @@ class FleetEpisode(Episode):
         except BaseException as exc:
             self.healthy = False
             await self.aclose()
-            raise _translate(exc, "opening the instance's MCP session failed") if isinstance(exc, Exception) else exc
+            if not isinstance(exc, Exception):
+                raise exc  # cancellation, interrupts: as they are
+            raise _translate(exc, "opening the instance's MCP session failed") from exc
         if spec["modality"] == "computer_use":
             tools = [t for t in tools if t.name == "computer"]
         else:

@@ -253,7 +253,8 @@ def result_content(result: dict[str, Any]) -> tuple[str | list[dict[str, Any]], 
         elif kind == "resource_link":
             parts.append({"type": "text", "text": f"[resource {item.get('uri', '')}]"})
         elif kind == "audio":
-            parts.append({"type": "text", "text": f"[audio {item.get('mimeType', '')}, {len(base64.b64decode(item.get('data', '') or b''))} bytes]"})
+            size = len(base64.b64decode(item.get("data", "") or b""))
+            parts.append({"type": "text", "text": f"[audio {item.get('mimeType', '')}, {size} bytes]"})
     if not parts and "structuredContent" in result:
         parts.append({"type": "text", "text": json.dumps(result["structuredContent"])})
     is_error = bool(result.get("isError"))

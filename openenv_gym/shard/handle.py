@@ -99,6 +99,7 @@ class Handle(abc.ABC):
     def kill(self) -> None:
         """End the shard's process at once (it died or hung); never raises. An in-process shard
         has no process of its own: nothing to do."""
+        return None  # a no-op by default, on purpose: only a shard with a process overrides it
 
 
 class LocalHandle(Handle):

@@ -81,7 +81,9 @@ def _union(hints: list[Any]) -> Any:
     unique = list(dict.fromkeys(hints))
     if Any in unique:
         return Any
-    return unique[0] if len(unique) == 1 else Union[tuple(unique)]  # type: ignore[return-value]
+    # A Union over a runtime tuple has no `X | Y` spelling; reduce(operator.or_, ...) would give a
+    # types.UnionType for some hints and a typing.Union for others, where this is always a typing.Union.
+    return unique[0] if len(unique) == 1 else Union[tuple(unique)]  # type: ignore[return-value]  # noqa: UP007
 
 
 def schema_loss(spec: ToolSpec) -> list[str]:

@@ -478,7 +478,9 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         """Send one action per sub-env; collect the results with :meth:`step_wait`."""
         self.send(actions)
 
-    def step_wait(self, timeout: float | None = None) -> tuple[tuple[list[Message], ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step_wait(
+        self, timeout: float | None = None
+    ) -> tuple[tuple[list[Message], ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Wait for every sub-env's result of the last :meth:`step_async`.
 
         On ``timeout`` raises :class:`~openenv_gym.errors.BackendTimeout`; the sub-envs that had

@@ -38,7 +38,7 @@ def test_each_iteration_plays_whole_groups_and_prints_its_figures(mixed):
         assert it["episodes"] == 12 and it["groups"] == 3 and it["dropped_groups"] == 0 and it["errors"] == 0
         assert it["samples"] == it["assistant_turns"] >= 2 * it["episodes"]  # calculator, then submit
         assert it["prefix_breaks"] == 0
-        line = next(l for l in stdout.splitlines() if l.startswith(f"iter {it['iteration']}:"))
+        line = next(ln for ln in stdout.splitlines() if ln.startswith(f"iter {it['iteration']}:"))
         assert f"mean reward {it['mean_reward']:.3f}" in line and f"pass@4 {it['pass@4']:.3f}" in line
         assert f"{it['samples']} samples ({it['tokens']} tokens)" in line
     assert f"done: 2 iterations, {len(samples)} training samples" in stdout

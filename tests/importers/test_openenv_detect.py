@@ -110,7 +110,7 @@ def test_import_list_and_info_show_the_manifest(capsys):
     assert "openenv/MyGrid-v0" in capsys.readouterr().out
     register_catalog()
     assert cli.main(["list"]) == 0
-    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("openenv/MyGrid-v0"))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("openenv/MyGrid-v0"))
     assert str(ENVS / "openenv_grid_env") in line
     assert cli.main(["info", "openenv/MyGrid-v0"]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -106,7 +106,10 @@ def json_ish_strings(draw: st.DrawFn) -> str:
     return base
 
 
-def call_dicts(names=st.sampled_from(["calculator", "submit", "nosuch", ""]) | any_text):
+TOOL_NAMES = st.sampled_from(["calculator", "submit", "nosuch", ""]) | any_text
+
+
+def call_dicts(names=TOOL_NAMES):
     arguments = st.none() | json_ish_strings() | python_values | st.dictionaries(any_text, python_values, max_size=3)
     function = st.fixed_dictionaries({"name": names}, optional={"arguments": arguments})
     return st.fixed_dictionaries(

@@ -339,7 +339,8 @@ def test_nesting_of_any_depth_anywhere(depth: int, where: str) -> None:
     good = '"fzGood": {"name": "fzGood", "kind": "ors", "source": "/s"}'
     nest = deep(depth)
     content = {
-        "options": f'{{"version": 1, "entries": {{{good}, "fzDeep": {{"name": "fzDeep", "kind": "ors", "source": "/s", "options": {{"o": {nest}}}}}}}}}',
+        "options": (f'{{"version": 1, "entries": {{{good}, "fzDeep": {{"name": "fzDeep", "kind": "ors", "source": "/s", '
+                    f'"options": {{"o": {nest}}}}}}}}}'),
         "entry": f'{{"version": 1, "entries": {{{good}, "fzDeep": {nest}}}}}',
         "entries": f'{{"version": 1, "entries": {nest}}}',
         "version": f'{{"version": {nest}, "entries": {{{good}}}}}',

@@ -200,8 +200,9 @@ WIRE_TYPES = [None, Opening, Outcome, ToolSpec, TaskRef, AssistantMessage, list[
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_wire_decoders_refuse_garbage_with_decode_errors(data):
     for type_ in WIRE_TYPES:
-        event("json " + decodes_or_refuses(lambda d: json_decode(d, type_), data, reference_json, msgspec.json.encode))
-        event("msgpack " + decodes_or_refuses(lambda d: msgpack_decode(d, type_), data, reference_msgpack, msgpack_encode))
+        event("json " + decodes_or_refuses(lambda d, t=type_: json_decode(d, t), data, reference_json, msgspec.json.encode))
+        event("msgpack " + decodes_or_refuses(lambda d, t=type_: msgpack_decode(d, t), data, reference_msgpack,
+                                              msgpack_encode))
 
 
 @pytest.mark.parametrize("type_", WIRE_TYPES, ids=str)

@@ -129,9 +129,12 @@ def script():
 MAKE = {
     "single": f"env = gym.make('openenv/ORS-v0', source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
     "concurrent": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
-    "ray": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, backend='ray', vector_options={{'num_actors': 1}}, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
-    "hosted": f"env = gym.make('openenv/ORS-v0', python=__import__('sys').executable, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
-    "hosted_vec": f"env = gym.make_vec('openenv/ORS-v0', num_envs=4, python=__import__('sys').executable, source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)",
+    "ray": ("env = gym.make_vec('openenv/ORS-v0', num_envs=4, backend='ray', vector_options={'num_actors': 1}, "
+            f"source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)"),
+    "hosted": ("env = gym.make('openenv/ORS-v0', python=__import__('sys').executable, "
+               f"source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)"),
+    "hosted_vec": ("env = gym.make_vec('openenv/ORS-v0', num_envs=4, python=__import__('sys').executable, "
+                   f"source={PROBE['source']!r}, env_class='Probe'); env.reset(seed=0)"),
 }
 
 
@@ -165,7 +168,8 @@ def test_a_signal_mid_rollout_ends_the_script_and_everything_it_started(script, 
         import json, gymnasium as gym, openenv_gym
         envs = gym.make_vec('openenv/ORS-v0', num_envs=4, source={PROBE['source']!r}, env_class='Probe'{where})
         envs.reset(seed=0)
-        slow = {{'role': 'assistant', 'tool_calls': [{{'id': 'c', 'function': {{'name': 'slow', 'arguments': json.dumps({{'seconds': 30}})}}}}]}}
+        call = {{'id': 'c', 'function': {{'name': 'slow', 'arguments': json.dumps({{'seconds': 30}})}}}}
+        slow = {{'role': 'assistant', 'tool_calls': [call]}}
         print('stepping', flush=True)
         envs.step([slow] * 4)
     """)
@@ -310,7 +314,7 @@ def test_reset_racing_close_from_another_thread_leaves_no_server():
         pid = env.unwrapped.adapter.server_pid()
         outcome: list[BaseException | None] = []
 
-        def resets() -> None:
+        def resets(env=env, outcome=outcome) -> None:  # this iteration's: the thread is joined within it
             try:
                 for _ in range(50):
                     env.reset()

@@ -68,11 +68,11 @@ class Served:
         self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             for pid in [self.pid, *procs.descendants(self.pid)]:
                 os.kill(pid, signal.SIGKILL)
             self.process.wait(10)
-            raise AssertionError(f"the server did not stop within {timeout} s of signal {sig}")
+            raise AssertionError(f"the server did not stop within {timeout} s of signal {sig}") from exc
         left = procs.wait_dead(started, timeout=30)
         assert not left, f"processes outlived the server: {[procs.cmdline(p)[:120] for p in left]}"
         return code

@@ -105,8 +105,8 @@ def test_the_python_api_serves_until_a_signal_and_as_a_context_manager():
             lines.append(line)
             if line.startswith("press Ctrl-C"):
                 break
-        url = next(l for l in lines if l.startswith("serving")).split(" at ")[1].split()[0]
-        token = next(l for l in lines if l.startswith("token: ")).split()[1]
+        url = next(ln for ln in lines if ln.startswith("serving")).split(" at ")[1].split()[0]
+        token = next(ln for ln in lines if ln.startswith("token: ")).split()[1]
         assert httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token}"}).json() == {"status": "healthy"}
         children = procs.descendants(process.pid)
         process.send_signal(signal.SIGINT)
@@ -151,7 +151,7 @@ def test_every_route_and_the_websocket_upgrade_need_the_token(serve_process):
     from websockets.sync.client import connect
 
     served = serve_process(ARITHMETIC, "--protocol", "openenv", "--max-sessions", "2", token=None)
-    printed = [l for l in served.output().splitlines() if l.startswith("token: ")]
+    printed = [ln for ln in served.output().splitlines() if ln.startswith("token: ")]
     assert len(printed) == 1 and served.token in printed[0]  # generated, printed once
     url = served.url
     for method, path in (("GET", "/health"), ("GET", "/schema"), ("GET", "/metadata"), ("POST", "/mcp"),

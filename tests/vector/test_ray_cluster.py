@@ -74,8 +74,8 @@ class Cluster:
         self.wait_nodes(2)
 
     def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
-        code = ("import ray; ray.init(address=%r, log_to_driver=False); "
-                "print(sum(1 for x in ray.nodes() if x['Alive'])); ray.shutdown()" % self.address)
+        code = (f"import ray; ray.init(address={self.address!r}, log_to_driver=False); "
+                "print(sum(1 for x in ray.nodes() if x['Alive'])); ray.shutdown()")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for p in (self.head, getattr(self, "worker", None)):

@@ -148,7 +148,7 @@ def test_prefix_holds_over_multi_turn_tool_episodes(base, tokenizer, index, chat
     turns = [completion(tokenizer, chatter[0], [("calculator", {"expression": q})])]
     if text_turn:
         turns.append(completion(tokenizer, chatter[1] or "Checking."))  # no call: the env asks for one
-    for n, ids in enumerate(turns):
+    for _, ids in enumerate(turns):
         obs, reward, terminated, truncated, info = env.step(np.array(ids) if as_array else ids)
         assert "token_prefix_mismatch" not in info, info["token_prefix_mismatch"]
         assert info["prompt_token_ids"][:len(prompt) + len(ids)] == prompt + ids

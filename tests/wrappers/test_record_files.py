@@ -75,14 +75,16 @@ def test_writers_in_threads_and_processes_sharing_a_path_lose_no_line(tmp_path):
     def write(tag: str) -> None:
         writer = JsonlWriter(path, max_bytes=max_bytes, backups=100_000)
         for i in range(n):
-            writer.write(('{"w": "%s", "i": %d, "pad": "%s"}\n' % (tag, i, "x" * (i % 200))).encode())
+            pad = "x" * (i % 200)
+            writer.write(f'{{"w": "{tag}", "i": {i}, "pad": "{pad}"}}\n'.encode())
         writer.close()
 
     shared = JsonlWriter(path, max_bytes=max_bytes, backups=100_000)  # one writer, two threads
 
     def write_shared(tag: str) -> None:
         for i in range(n):
-            shared.write(('{"w": "%s", "i": %d, "pad": "%s"}\n' % (tag, i, "x" * (i % 200))).encode())
+            pad = "x" * (i % 200)
+            shared.write(f'{{"w": "{tag}", "i": {i}, "pad": "{pad}"}}\n'.encode())
 
     threads = [threading.Thread(target=write, args=(f"t{k}",)) for k in range(4)]
     threads += [threading.Thread(target=write_shared, args=(f"s{k}",)) for k in range(2)]

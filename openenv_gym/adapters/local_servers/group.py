@@ -37,7 +37,7 @@ import operator
 import os
 import time
 from collections.abc import Collection
-from typing import Any, Union
+from typing import Any
 
 from openenv_gym.adapters.local_servers.processes import (
     LISTEN_MODES,
@@ -145,7 +145,7 @@ class RemoteServer:
     exit_note = None
 
 
-Server = Union[Worker, RemoteServer]
+Server = Worker | RemoteServer
 
 
 class Lease:

@@ -11,7 +11,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 
 try:
-    from ..models import GridAction, GridObservation
+    from ..models import GridObservation
 except ImportError:  # run from the folder itself
     from models import GridObservation
 

@@ -12,7 +12,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 
 try:
-    from ..models import SoloAction, SoloObservation
+    from ..models import SoloObservation
 except ImportError:  # run from the folder itself
     from models import SoloObservation
 

@@ -10,7 +10,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 
 try:
-    from ..models import AnswerAction, QuestionObservation
+    from ..models import QuestionObservation
 except ImportError:
     from models import QuestionObservation
 
