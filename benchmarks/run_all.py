@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("ray", "ray_bench.py", ["--reps", "3"], ["--reps", "1"], ["ray"], 2400),
     ("uds_vs_tcp", "uds_vs_tcp.py", ["--reps", "5"], ["--reps", "1", "--episodes", "30", "--seconds", "1"], [], 1200),
     ("verifiers_v1", "verifiers_v1_bench.py", ["--reps", "3"], ["--reps", "1", "--episodes", "2"], ["verifiers"], 1800),
+    ("import_cost", "import_cost.py", ["--reps", "15"], ["--reps", "3"], [], 600),
     ("catalog", "catalog_load.py", ["--sizes", "1000,10000", "--reps", "3"], ["--sizes", "1000", "--reps", "1"], [], 1200),
     ("wrappers", "wrappers_cost.py", ["--reps", "5"], ["--reps", "1"], [], 900),
     ("grouped", "grouped.py", ["--reps", "3"], ["--reps", "1"], [], 1200),

@@ -84,8 +84,9 @@ def _make(env_id: str, backend: str, num_envs: int, kwargs: dict[str, Any]) -> A
 
 def _measure(env_id: str, backend: str, num_envs: int, rounds: int, seed: int, kwargs: dict[str, Any]) -> BenchRow:
     envs = _make(env_id, backend, num_envs, kwargs)
-    policy = RandomPolicy(seed=seed)
+    policy = None
     try:
+        policy = RandomPolicy(seed=seed)
         obs, infos = envs.reset(seed=seed)
         ids = list(range(num_envs))
         for i in ids:
@@ -101,7 +102,8 @@ def _measure(env_id: str, backend: str, num_envs: int, rounds: int, seed: int, k
         pss = process_tree_pss_mib(include_ray=backend == "ray")
     finally:
         envs.close()
-        policy.close()
+        if policy is not None:
+            policy.close()
         gc.collect()
     steps = rounds * num_envs
     return BenchRow(backend, num_envs, steps, seconds, steps / seconds, pss)

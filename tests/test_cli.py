@@ -22,6 +22,7 @@ import pytest
 import openenv_gym
 from openenv_gym.cli import build_parser, main
 from openenv_gym.importers import DETECTORS
+from openenv_gym.serving.server import Server
 from openenv_gym.testing import procs
 
 
@@ -152,6 +153,11 @@ INTERRUPTS: dict[str, tuple[list[str], tuple[object, str]]] = {
                 ("openenv_gym.rollout", "run")),
     "bench": (["bench", "openenv/Arithmetic-v0", "--num-envs", "2", "--backend", "concurrent", "--rounds", "1"],
               ("openenv_gym.bench", "RandomPolicy")),
+    # The page and serving commands stop on Ctrl-C once they serve (exit 0, "stopped": their own
+    # tests); here Ctrl-C lands while they start, after the env or its sessions are up.
+    "view": (["view", "RECORDS"], ("openenv_gym.web.view", "run")),
+    "play": (["play", "openenv/Arithmetic-v0", "--out", "played.jsonl"], ("openenv_gym.web.play", "run")),
+    "serve": (["serve", "openenv/Arithmetic-v0", "--max-sessions", "2"], (Server, "_astart")),
 }
 
 
@@ -172,7 +178,10 @@ def test_an_interrupt_in_any_command_is_one_line_and_leaves_nothing_half_done(
     catalog = private_catalog.read_bytes()
     children = set(procs.children(os.getpid()))
     monkeypatch.setattr(importlib.import_module(where) if isinstance(where, str) else where, name, _raise_interrupt)
-    code = main([str(source) if a == "SOURCE" else a for a in argv])
+    records = tmp_path / "episodes.jsonl"
+    records.write_text("")
+    monkeypatch.chdir(tmp_path)  # where `play` writes its episodes
+    code = main([{"SOURCE": str(source), "RECORDS": str(records)}.get(a, a) for a in argv])
     monkeypatch.undo()
     assert (code, capsys.readouterr().err) == (130, "openenv-gym: interrupted\n")
     assert private_catalog.read_bytes() == catalog

@@ -294,7 +294,18 @@ def test_a_verifiers_tool_env_takes_tool_calls_then_the_text_answer():
         assert env_reward([[{"role": "assistant", "content": "156"}]], environments=[env]) == [1.0]
 
 
+def test_schema_parts_a_signature_cannot_carry_are_named_in_a_warning():
+    with EnvSpec("openenv/ORS-v0", num_tasks=2, source=str(ENVS / "ors_probe.py"), env_class="Probe") as spec:
+        with pytest.warns(UserWarning) as caught:
+            _ = spec.environment_factory
+    said = sorted(str(w.message) for w in caught)
+    assert said == [f"openenv/ORS-v0: the schema of tool {name!r} has parts a Python signature cannot carry, so the "
+                    f"model does not see them ({arg}: maximum, minimum)"
+                    for name, arg in (("big", "n"), ("slow", "seconds"), ("tick", "seconds"))]
+
+
 # -- many slots, one server, no threads ------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:.*the schema of tool:UserWarning")  # the probe's bounded integers (warned: tested above)
 def test_hundreds_of_instances_share_one_server_and_run_tool_calls_concurrently():
     threads_before = threading.active_count()
     with EnvSpec(ARITHMETIC, num_tasks=64) as spec:
@@ -350,6 +361,7 @@ def test_a_spec_never_closed_leaves_no_server_after_exit(tmp_path):
     assert servers and procs.wait_dead(servers, 20) == []
 
 
+@pytest.mark.filterwarnings("ignore:.*the schema of tool:UserWarning")  # the probe's bounded integers (warned: tested above)
 def test_one_instance_refuses_a_second_thread_while_a_call_runs():
     with EnvSpec("openenv/ORS-v0", num_tasks=2, source=str(ENVS / "ors_probe.py"), env_class="Probe") as spec:
         env = spec.environment_factory()
