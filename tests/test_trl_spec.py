@@ -436,7 +436,7 @@ def test_closing_the_spec_stops_its_servers_and_refuses_further_calls():
     spec.close()
     spec.close()
     assert procs.wait_dead(servers, 20) == []
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(ConfigurationError, match="the session pool is closed"):
         env.reset(**spec.train_dataset[0])
 
 
