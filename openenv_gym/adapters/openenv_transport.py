@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import msgspec
 
+from openenv_gym import errors
 from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.adapters.ors_transport import make_client
 from openenv_gym.errors import (
@@ -87,11 +88,10 @@ class StepFailed(ServerError):
     """The environment's own code raised during a step (``EXECUTION_ERROR``); the session goes on."""
 
 
-class CapacityReached(BackendUnavailable):
-    """The server already runs its ``max_concurrent_envs`` sessions (``CAPACITY_REACHED``).
-
-    ``max_sessions`` is the limit the server stated (``None`` if it did not).
-    """
+class CapacityReached(errors.CapacityReached):
+    """The server already runs its ``max_concurrent_envs`` sessions (``CAPACITY_REACHED``): the
+    package's own :class:`~openenv_gym.errors.CapacityReached`, with the limit the server stated
+    (``max_sessions``; ``None`` if it did not)."""
 
     def __init__(self, message: str, max_sessions: int | None = None):
         super().__init__(message)

@@ -2,7 +2,8 @@
 
 This file is executed by path in a child process, possibly under another interpreter (a venv
 built from the source's own requirements), so it imports nothing from openenv_gym: only the
-standard library, uvicorn and the SDK that the environment class is written against.
+standard library, uvicorn and the SDK that the environment class is written against (and the
+package's ``processes.py``, loaded by path as a file of its own).
 
 What the child does, and why:
 
@@ -46,23 +47,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-try:
-    from openenv_gym.processes import (
-        GC_THRESHOLDS,
-        die_with_parent,
-        is_stopped,
-        proc_state,
-        process_start_time,
-        tune_gc,
-    )
-except ImportError:  # run as a script by path, where openenv_gym may not be importable: its one copy by path
-    _spec = importlib.util.spec_from_file_location(
-        "_openenv_gym_processes", Path(__file__).resolve().parent.parent / "processes.py")
-    assert _spec is not None and _spec.loader is not None
-    _processes = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_processes)
-    GC_THRESHOLDS, die_with_parent, is_stopped = _processes.GC_THRESHOLDS, _processes.die_with_parent, _processes.is_stopped
-    proc_state, process_start_time, tune_gc = _processes.proc_state, _processes.process_start_time, _processes.tune_gc
+# The process helpers' one copy, loaded by path: importing the package would run its
+# `__init__` (Gymnasium, the catalog, entry points) in every local server for nothing, and run as a
+# script the package may not be importable at all.
+_spec = importlib.util.spec_from_file_location(
+    "_openenv_gym_processes", Path(__file__).resolve().parent.parent / "processes.py")
+assert _spec is not None and _spec.loader is not None
+_processes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_processes)
+GC_THRESHOLDS, die_with_parent, is_stopped = _processes.GC_THRESHOLDS, _processes.die_with_parent, _processes.is_stopped
+proc_state, process_start_time, tune_gc = _processes.proc_state, _processes.process_start_time, _processes.tune_gc
 
 # Run by path, this file's folder lands first on sys.path, and openenv_gym's own adapters/ors.py
 # would then shadow the ors-sdk package: take the folder out before anything imports `ors`.
