@@ -84,13 +84,14 @@ def test_recreated_sub_envs_close_their_wrapper_stacks(tmp_path):
     """Each recreation of a sub-env (after a timeout) builds a new wrapper stack; the old one must be
     closed (a recorder's file with it), and nothing of the recorder is open after close()."""
     path = tmp_path / "episodes.jsonl"
-    envs = gym.make_vec("openenv/ORS-v0", num_envs=2, step_timeout=0.5, **PROBE,
+    # step_timeout well above a reset on a loaded machine: the recreation must succeed to be counted
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=2, step_timeout=1.5, **PROBE,
                         env_wrappers=[functools.partial(RecordEpisodes, path=str(path))])
     try:
         envs.reset(seed=0)
         baseline = _open_fds(tmp_path)
         for _ in range(4):  # a step past step_timeout breaks sub-env 0; its next request recreates it
-            _, _, _, truncated, infos = envs.step([call("slow", {"seconds": 2.0}), call("hint")])
+            _, _, _, truncated, infos = envs.step([call("slow", {"seconds": 4.0}), call("hint")])
             assert truncated[0] and infos["error"]["type"][0] == "BackendTimeout"
             envs.step([call("hint"), call("hint")])  # the recreation
         assert _open_fds(tmp_path) <= baseline, "a replaced wrapper stack kept its recorder open"
