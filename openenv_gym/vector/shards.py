@@ -294,7 +294,13 @@ class Shards:
         self._spawn(dead.close(1.0))  # reaps it
         start = asyncio.get_running_loop().create_task(_settle(handle.start()))
         self._starts[id(handle)] = start
-        start.add_done_callback(lambda t, key=id(handle): self._starts.pop(key) if self._starts.get(key) is t else None)
+        key = id(handle)
+
+        def forget(t: asyncio.Task[Any]) -> None:
+            if self._starts.get(key) is t:
+                self._starts.pop(key)
+
+        start.add_done_callback(forget)
 
     def _spawn(self, awaitable: Any) -> None:
         task = asyncio.get_running_loop().create_task(_settle(awaitable))
