@@ -61,7 +61,7 @@ def type_hint(schema: Any) -> Any:
         return Any
     enum = schema.get("enum")
     if isinstance(enum, list) and enum and all(type(v) in _SCALARS for v in enum):
-        return Literal[tuple(enum)]  # type: ignore[valid-type]
+        return Literal[tuple(enum)]
     options = schema.get("anyOf") or schema.get("oneOf")
     if isinstance(options, list) and options:
         return _union([type_hint(o) for o in options])
@@ -81,7 +81,7 @@ def _union(hints: list[Any]) -> Any:
     unique = list(dict.fromkeys(hints))
     if Any in unique:
         return Any
-    return unique[0] if len(unique) == 1 else Union[tuple(unique)]  # type: ignore[return-value]
+    return unique[0] if len(unique) == 1 else Union[tuple(unique)]
 
 
 def schema_loss(spec: ToolSpec) -> list[str]:
