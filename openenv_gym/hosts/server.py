@@ -117,7 +117,7 @@ class _Server:
         return await host.start_encoded()
 
     async def cancel(self, host: Shard, frame: Frame) -> bytes:
-        await host.cancel([tuple(r) for r in _requests.decode(frame.body)])
+        await host.cancel(_requests.decode(frame.body))  # already a list of (env_id, req_id) tuples
         return b""
 
     async def call(self, host: Shard, frame: Frame) -> bytes:
