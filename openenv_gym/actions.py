@@ -223,6 +223,7 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None, str | None]
     """``(arguments, error, raw string)`` for the ``arguments`` the agent wrote."""
     if raw is None or (isinstance(raw, str) and not raw):
         return {}, None, None
+    why: str | None
     if isinstance(raw, str):
         bad = unicode_problem(raw)
         if bad is not None:

@@ -28,13 +28,16 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.redact import redact_kwargs, redact_urls
 from openenv_gym.version import __version__
+
+if TYPE_CHECKING:
+    from openenv_gym.policies import Policy
 
 __all__ = ["main", "build_parser"]
 
@@ -170,8 +173,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         raise ConfigurationError("--drop-equal leaves out groups of equal rewards: it needs --group-size")
     if (args.append or args.overwrite) and not args.out:
         raise ConfigurationError("--append and --overwrite say what to do with the --out file: add --out")
-    if_exists = "append" if args.append else "overwrite" if args.overwrite else "error"
-    policy: object = "random"
+    if_exists: Literal["error", "append", "overwrite"] = "append" if args.append else "overwrite" if args.overwrite else "error"
+    policy: str | Policy = "random"
     if args.policy == "openai":
         from openenv_gym.policies import OpenAIPolicy
 
@@ -183,8 +186,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
                           seed=args.seed, batch_size=args.batch_size, out=args.out, progress=not args.quiet,
                           group_size=args.group_size, drop_equal=args.drop_equal, if_exists=if_exists)
     finally:
-        if policy != "random":
-            policy.close()  # type: ignore[attr-defined]
+        if not isinstance(policy, str):  # the OpenAI policy built above
+            policy.close()
     print(summary.table())
     if args.out:
         verb = "appended to" if args.append else "written to"

@@ -73,6 +73,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    action_space: AssistantAction  # its tools are the current episode's
 
     def __init__(
         self,
@@ -96,9 +97,13 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         self.adapter = adapter
         self.render_mode = render_mode
         self.step_timeout = step_timeout
-        self.runner: Runner = runner or SessionRunner(EnvSession(adapter, split=split, max_turns=max_turns),
-                                                      own_loop=adapter.caller_thread)
+        self.runner: Runner
         """Where this env's session lives (:mod:`openenv_gym.runners`)."""
+        if runner is not None:
+            self.runner = runner
+        else:
+            assert adapter is not None  # exactly one of the two, checked above
+            self.runner = SessionRunner(EnvSession(adapter, split=split, max_turns=max_turns), own_loop=adapter.caller_thread)
         self._closed = False
         self._busy = threading.Lock()
         try:

@@ -21,6 +21,7 @@ recreated by its next reset, as a vector env's sub-env is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from typing import Any
@@ -116,7 +117,7 @@ class SessionPool:
         assert isinstance(envs, AgentVectorEnv)
         runtime.untrack(envs)  # the pool closes it
         block = _Block(envs, self.capacity)
-        block.backend.deliver = lambda result, offset=block.offset: self._deliver(result, offset)
+        block.backend.deliver = functools.partial(self._deliver, offset=block.offset)
         self._blocks.append(block)
         self._free += range(block.offset, block.offset + block.size)
 

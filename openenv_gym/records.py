@@ -266,6 +266,7 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[EpisodeRecord]:
                 return
             if not line.strip():
                 continue
+            record: EpisodeRecord | None
             try:
                 record = decode_record(line)
             except ValueError as exc:  # msgspec.DecodeError

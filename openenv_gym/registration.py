@@ -401,8 +401,11 @@ def register_discovered() -> list[str]:
         if backend.discover is None or backend.discovered_kwargs is None:
             continue
         kwargs_of = backends.resolve(backend.discovered_kwargs)
-        ids += _register_discovered(backend.kind, backends.resolve(backend.discover),
-                                    lambda found, b=backend, k=kwargs_of: {"adapter": b.adapter, **k(found)})
+
+        def kwargs(found: dict[str, Any], b: backends.Backend = backend, k: Callable[..., dict[str, Any]] = kwargs_of) -> dict[str, Any]:
+            return {"adapter": b.adapter, **k(found)}
+
+        ids += _register_discovered(backend.kind, backends.resolve(backend.discover), kwargs)
     return ids
 
 

@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import gymnasium as gym
 import msgspec
@@ -212,7 +212,9 @@ def run(
             started += 1
             begin(i, obs[i], info)
             active.append(i)
-    returns, latencies, errors = [], [], 0
+    returns: list[float] = []
+    latencies: list[float] = []
+    errors = 0
     sent_at: dict[int, float] = {}
 
     def send(ids: list[int], observations: list[Any], step_infos: list[dict[str, Any]]) -> None:
@@ -261,7 +263,9 @@ def run(
                     elif plays(info):
                         started += 1
                         begin(i, batch.obs[k_], info)
-                        again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
+                        again.append(i)
+                        again_obs.append(batch.obs[k_])
+                        again_infos.append(info)
                     continue
                 latencies.append(now - sent)
                 record = records[i]
@@ -272,7 +276,9 @@ def run(
                 done = bool(batch.terminations[k_] or batch.truncations[k_])
                 record["messages"].extend(info.get("final_obs", []) if done else batch.obs[k_])
                 if not done:
-                    again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
+                    again.append(i)
+                    again_obs.append(batch.obs[k_])
+                    again_infos.append(info)
                     continue
                 record.update(total_reward=sum(record["rewards"]), terminated=bool(batch.terminations[k_]),
                               truncated=bool(batch.truncations[k_]))
@@ -287,7 +293,9 @@ def run(
                 elif plays(info):  # SAME_STEP: batch.obs[k_] is already the next episode's start
                     started += 1
                     begin(i, batch.obs[k_], info)
-                    again.append(i), again_obs.append(batch.obs[k_]), again_infos.append(info)
+                    again.append(i)
+                    again_obs.append(batch.obs[k_])
+                    again_infos.append(info)
             if len(returns) % 16 == 0 and returns:
                 bar.set_postfix(mean_reward=f"{np.mean(returns):.3f}", refresh=False)
             if again:
@@ -397,6 +405,7 @@ def collect(
     # Before any server starts: a bad path fails here, with nothing to clean up.
     sink = open_output(out, if_exists) if out is not None else None
     written = 0
+    envs: AgentVectorEnv
     try:
         if isinstance(env_id, Mapping):
             from openenv_gym.mixture import make_mixture
@@ -405,8 +414,9 @@ def collect(
                                 group_size=group_size, **(make_kwargs or {}))
             env_id = "+".join(env_id)
         else:
-            envs = gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
-                                vector_options=vector_options, group_size=group_size, **(make_kwargs or {}))
+            # An openenv_gym id's vector entry point builds an AgentVectorEnv.
+            envs = cast(AgentVectorEnv, gym.make_vec(env_id, num_envs=num_envs, backend=backend, autoreset_mode="SameStep",
+                                                     vector_options=vector_options, group_size=group_size, **(make_kwargs or {})))
     except BaseException:
         if sink is not None:
             sink.close()

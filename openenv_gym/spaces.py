@@ -20,7 +20,7 @@ strings for text observations.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,7 +101,7 @@ class Messages(Space[list]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Messages)
 
-    def to_jsonable(self, sample_n: Sequence[list]) -> list:
+    def to_jsonable(self, sample_n: Iterable[list]) -> list:
         return list(sample_n)
 
     def from_jsonable(self, sample_n: list) -> list:
@@ -221,9 +221,9 @@ def sample_json_schema(
         hi = int(schema.get("maximum", schema.get("exclusiveMaximum", 101) - 1))
         return int(rng.integers(lo, max(lo, hi) + 1))
     if kind == "number":
-        lo = float(schema.get("minimum", schema.get("exclusiveMinimum", -100.0)))
-        hi = float(schema.get("maximum", schema.get("exclusiveMaximum", 100.0)))
-        return float(rng.uniform(lo, max(lo, hi)))
+        low = float(schema.get("minimum", schema.get("exclusiveMinimum", -100.0)))
+        high = float(schema.get("maximum", schema.get("exclusiveMaximum", 100.0)))
+        return float(rng.uniform(low, max(low, high)))
     if kind == "boolean":
         return bool(rng.random() < 0.5)
     if kind == "null":

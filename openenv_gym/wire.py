@@ -24,7 +24,7 @@ import operator
 import re
 from functools import partial
 from itertools import chain, compress
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -157,7 +157,13 @@ def json_encode(obj: Any) -> bytes:
     return _json_encoder.encode(obj)
 
 
-def decode_with(decoder: msgspec.json.Decoder | msgspec.msgpack.Decoder, data: bytes | str) -> Any:
+@overload
+def decode_with(decoder: msgspec.json.Decoder, data: bytes | str) -> Any: ...
+@overload
+def decode_with(decoder: msgspec.msgpack.Decoder, data: bytes) -> Any: ...
+
+
+def decode_with(decoder: msgspec.json.Decoder | msgspec.msgpack.Decoder, data: Any) -> Any:
     """``decoder.decode(data)``, every unreadable input a ``msgspec.DecodeError``.
 
     msgspec reports two kinds of unreadable input otherwise: nesting too deep to decode
@@ -191,9 +197,12 @@ def decode_within_depth(decoder: msgspec.json.Decoder, data: bytes | str, max_de
     deeper and is decoded once; only one with more is first decoded untyped and swept level by
     level (:func:`_nests_deeper`).
     """
-    opening = (b"[", b"{") if isinstance(data, bytes) else ("[", "{")
+    if isinstance(data, bytes):
+        brackets = data.count(b"[") + data.count(b"{")
+    else:
+        brackets = data.count("[") + data.count("{")
     try:
-        if data.count(opening[0]) + data.count(opening[1]) > max_depth:
+        if brackets > max_depth:
             plain = _json_decoder.decode(data)
             if _nests_deeper(plain, max_depth):
                 raise TooDeep(max_depth)

@@ -14,7 +14,7 @@ import abc
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import msgspec
@@ -173,9 +173,8 @@ class AdapterSpec(msgspec.Struct):
     def __repr__(self) -> str:
         return f"AdapterSpec(entry={self.entry!r}, kwargs={redact_kwargs(self.kwargs)!r})"
 
-    def __rich_repr__(self) -> Iterator[tuple[str, Any]]:
-        yield "entry", self.entry
-        yield "kwargs", redact_kwargs(self.kwargs)
+    def __rich_repr__(self) -> list[tuple[str, Any]]:  # msgspec.Struct's own returns a list
+        return [("entry", self.entry), ("kwargs", redact_kwargs(self.kwargs))]
 
     def target(self) -> Callable[..., Any]:
         """The class or front door ``entry`` names, imported."""

@@ -268,9 +268,10 @@ class FleetAdapter(Adapter):
         super().__init__()
         if modality not in MODALITIES:
             raise ConfigurationError(f"modality must be one of {sorted(MODALITIES)}, not {modality!r}")
-        self._api_key = api_key or os.environ.get("FLEET_API_KEY")
-        if not self._api_key:
+        key = api_key or os.environ.get("FLEET_API_KEY")
+        if not key:
             raise ConfigurationError("a Fleet API key is needed: pass api_key= or set FLEET_API_KEY")
+        self._api_key: str = key
         self.base_url = (base_url or os.environ.get("FLEET_BASE_URL") or None)
         if self.base_url:
             self.base_url = self.base_url.rstrip("/")  # the SDK concatenates paths onto it
@@ -296,8 +297,8 @@ class FleetAdapter(Adapter):
             if not t["env_key"]:
                 raise ConfigurationError(f"task {t['key']!r} names no environment: pass env_key=")
         self.modality = modality
-        self.options = {"ttl_seconds": ttl_seconds, "heartbeat_interval": heartbeat_interval,
-                        "region": region, "run_id": run_id}
+        self.options: dict[str, Any] = {"ttl_seconds": ttl_seconds, "heartbeat_interval": heartbeat_interval,
+                                        "region": region, "run_id": run_id}
         self.reuse_instance = reuse_instance
         self.trust_verifier_code = trust_verifier_code
         self.partial_credit = partial_credit

@@ -9,7 +9,7 @@ below, and every error they raise quotes the kwarg, so the fix is in the message
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 from openenv_gym.errors import ConfigurationError, ServerError
 
@@ -44,7 +44,13 @@ def too_deep(what: str, limit: int) -> ServerError:
     return ServerError(f"{what}: the server's JSON nests more than max_json_depth={limit} levels")
 
 
-def positive(name: str, value: object, *, optional: bool = False) -> int | None:  # type: ignore[return]
+@overload
+def positive(name: str, value: object, *, optional: Literal[False] = False) -> int: ...
+@overload
+def positive(name: str, value: object, *, optional: bool) -> int | None: ...
+
+
+def positive(name: str, value: object, *, optional: bool = False) -> int | None:
     """``value`` if it is a positive int (``None`` too when ``optional``), else ConfigurationError."""
     if value is None and optional:
         return None

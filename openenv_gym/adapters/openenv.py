@@ -595,7 +595,8 @@ class OpenEnvEpisode(Episode):
             await self.aclose()
             raise
         self.tools = {t.name: t for t in tools}
-        observation = data.get("observation") if isinstance(data.get("observation"), dict) else {}
+        raw = data.get("observation")
+        observation: dict[str, Any] = raw if isinstance(raw, dict) else {}
         metadata = data.get("metadata") or observation.get("metadata") or {}
         self.done = bool(data.get("done"))
         info = {"observation": observation, "metadata": metadata}
@@ -639,7 +640,8 @@ class OpenEnvEpisode(Episode):
                 calls.append({"name": call.name, "ok": False, "reason": "tool_failed", "error": str(exc)})
                 info["error"] = {"type": "ToolFailed", "message": str(exc), "tool": call.name}
                 continue
-            observation = data.get("observation") if isinstance(data.get("observation"), dict) else {}
+            raw = data.get("observation")
+            observation: dict[str, Any] = raw if isinstance(raw, dict) else {}
             metadata = data.get("metadata") or observation.get("metadata") or {}
             step_reward = _reward(data.get("reward", observation.get("reward")))
             reward += step_reward

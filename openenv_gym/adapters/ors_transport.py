@@ -405,7 +405,7 @@ class ORSTransport:
         if self.closed:
             raise BackendUnavailable(self._closed_text())
         # aiohttp reads timeout=None as "no limit at all": pass one only to override the session's.
-        limits = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+        limits: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         async with self._client.request(method, self._base + path, data=content, headers=headers,
                                         **limits) as response:
             reply = Reply(response.status, response.headers, await self._read(response, f"{method} {path}"))

@@ -126,8 +126,9 @@ def _queue_client_class() -> type:
     if _client_class is not None:
         return _client_class
     vf = _import_v0()
+    client_base: Any = vf.Client  # verifiers ships no type information
 
-    class AgentClient(vf.Client):
+    class AgentClient(client_base):
         """A model client that hands each request to its episode and returns the agent's reply.
 
         Only ``get_response`` matters: the base class's native-format pipeline (prompt and tool
@@ -225,7 +226,8 @@ def _import_source(found: SourceModule) -> None:
     """
     module, file, package = found.module, found.file, found.package
     existing = sys.modules.get(module)
-    if existing is not None and getattr(existing, "__file__", None) and Path(existing.__file__).resolve() == file:
+    existing_file = getattr(existing, "__file__", None)  # None for a missing module too
+    if existing_file and Path(existing_file).resolve() == file:
         return
     spec = importlib.util.spec_from_file_location(
         module, file, submodule_search_locations=[str(file.parent)] if package else None)
@@ -625,7 +627,8 @@ class VerifiersV0Episode(Episode):
         self.adapter = adapter
         self.task_id = ""
         self._task: asyncio.Task[Any] | None = None
-        self._request: asyncio.Future[tuple[Any, Any, Any, Any]] | None = None  # the next model call
+        # The next model call, or None when the rollout ended first.
+        self._request: asyncio.Future[tuple[Any, Any, Any, Any] | None] | None = None
         self._reply: asyncio.Future[Any] | None = None  # the pending model call awaits this
         self._prompt: list[Any] = []  # the library's last request (its own list; never copied)
         self._tools: Any = None

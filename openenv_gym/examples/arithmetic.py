@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ors import Environment, Server, Split, TextBlock, ToolOutput, tool
+from ors import Environment, JSONObject, Server, Split, TextBlock, ToolOutput, tool
 from pydantic import BaseModel, Field
 
 __all__ = [
@@ -217,7 +217,7 @@ class Arithmetic(Environment):
         self.secrets = dict(secrets)
 
     @classmethod
-    def list_splits(cls) -> list[Split]:
+    def list_splits(cls) -> list[Split]:  # type: ignore[override]  # ors's is typed as functools.cache's wrapper (decorator order)
         return [Split(name="train", type="train"), Split(name="test", type="test")]
 
     @classmethod
@@ -235,7 +235,7 @@ class Arithmetic(Environment):
     @classmethod
     async def get_task_range(
         cls, split: str, start: int | None = None, stop: int | None = None
-    ) -> list[dict[str, str]]:
+    ) -> list[JSONObject]:  # the SDK's signature (a list is invariant: list[dict[str, str]] is not one)
         return [make_task(split, i) for i in range(*slice(start, stop).indices(_split_size(split)))]
 
     def get_prompt(self) -> list[TextBlock]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import pickle
 import signal
 import socket
@@ -108,7 +109,7 @@ class _Server:
             results: list[Result] = []
             await host.submit(ops, results.append)
         else:
-            await host.submit(ops, lambda r, i=frame.id: self.emit(i, r))
+            await host.submit(ops, functools.partial(self.emit, frame.id))
             results = self.pending.pop(frame.id, [])  # what the reply carries: none streamed yet
         return encode_results(results) if results else b""
 
@@ -116,7 +117,7 @@ class _Server:
         return await host.start_encoded()
 
     async def cancel(self, host: Shard, frame: Frame) -> bytes:
-        await host.cancel([tuple(r) for r in _requests.decode(frame.body)])
+        await host.cancel(_requests.decode(frame.body))  # already a list of (env_id, req_id) tuples
         return b""
 
     async def call(self, host: Shard, frame: Frame) -> bytes:

@@ -24,7 +24,7 @@ import pathlib
 import re
 import tempfile
 import unicodedata
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -321,7 +321,7 @@ def describe_invalid(invalid: dict[str, str], limit: int = 50) -> str:
 REMOVE_HINT = "remove them with `openenv-gym remove NAME`, or all at once with `openenv-gym remove --invalid`"
 
 
-def _write(path: pathlib.Path, entries: dict[str, CatalogEntry] | dict[str, CatalogEntry | msgspec.Raw]) -> None:
+def _write(path: pathlib.Path, entries: Mapping[str, CatalogEntry | msgspec.Raw]) -> None:
     payload = msgspec.json.encode({"version": CATALOG_VERSION, "entries": entries}, order="sorted")
     try:
         payload = msgspec.json.format(payload, indent=2) + b"\n"

@@ -45,8 +45,10 @@ def looks_like_fleet(path: Path) -> bool:
     if not (path.is_file() and path.suffix == ".json"):
         return False
     tasks = _task_list(_read(path))
-    return bool(tasks) and all(isinstance(t, dict) and "prompt" in t and any(k in t for k in _ENV_KEYS)
-                               for t in tasks)
+    if not tasks:
+        return False
+    return all(isinstance(t, dict) and "prompt" in t and any(k in t for k in _ENV_KEYS)
+               for t in tasks)
 
 
 def detect_fleet_tasks(path: Path) -> tuple[list[dict], list[str]]:

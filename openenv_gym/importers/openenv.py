@@ -175,7 +175,8 @@ def _scan(paths: list[str]) -> list[dict[str, Any]]:
     from importlib import metadata  # read only when the installed set changed
 
     for dist in metadata.distributions(path=paths):
-        dist_name = dist.metadata.get("Name")
+        meta = dist.metadata  # PackageMetadata declares get() only from Python 3.12: the same lookup through `in`
+        dist_name = meta["Name"] if "Name" in meta else None
         if not dist_name or dist_name.lower() in ("openenv", "openenv-core") or not _depends_on_openenv(dist):
             continue
         for module in top_modules(dist):

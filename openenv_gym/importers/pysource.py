@@ -79,8 +79,8 @@ class _Module:
         # Function-local imports first so module-level bindings win on a name clash.
         imports = (ast.Import, ast.ImportFrom)
         nested = [n for n in ast.walk(tree) if isinstance(n, imports) and id(n) not in top_ids]
-        for node in nested + [n for n in top if isinstance(n, imports)]:
-            mod._bind_import(node)
+        for imp in nested + [n for n in top if isinstance(n, imports)]:
+            mod._bind_import(imp)
         for node in top:
             if isinstance(node, ast.ClassDef):
                 mod.classes[node.name] = node

@@ -421,7 +421,8 @@ def _scan(paths: list[str]) -> list[dict[str, str]]:
     from importlib import metadata  # read only when the installed set changed
 
     for dist in metadata.distributions(path=paths):
-        name = dist.metadata.get("Name")
+        meta = dist.metadata  # PackageMetadata declares get() only from Python 3.12: the same lookup through `in`
+        name = meta["Name"] if "Name" in meta else None
         if not name or name.lower() in found or not _depends_on_verifiers(dist):
             continue
         for where in module_locations(dist, paths).values():

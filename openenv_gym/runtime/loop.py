@@ -252,7 +252,10 @@ class Runtime:
         earlier, such as Ray's ``shutdown``: an env must close while its backend still exists.
         """
         key = id(obj)
-        self._live[key] = weakref.ref(obj, lambda _, key=key: self._live.pop(key, None))
+        def forget(_: weakref.ref[Any], key: int = key) -> None:
+            self._live.pop(key, None)
+
+        self._live[key] = weakref.ref(obj, forget)
         atexit.unregister(self.close_at_exit)
         atexit.register(self.close_at_exit)
 

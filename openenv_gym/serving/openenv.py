@@ -208,7 +208,7 @@ class _OpenEnv:
         owned = sid is None
         session: Session | None = None
         try:
-            if owned:
+            if sid is None:  # owned
                 try:
                     session = self.served.open()
                 except CapacityReached:

@@ -219,7 +219,7 @@ class Session:
             try:
                 yield
             finally:
-                self._running.discard(task)  # type: ignore[arg-type]
+                self._running.discard(task)
                 self.touch()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -268,7 +268,9 @@ class ServedEnv:
 
     @property
     def max_sessions(self) -> int:
-        return self.pool.size
+        size = self.pool.size
+        assert size is not None  # a served pool has a size (Server makes it with SessionPool.make)
+        return size
 
     @property
     def active(self) -> int:

@@ -275,7 +275,7 @@ class Shard:
     async def close(self) -> None:
         """Cancel every op, end every episode, close the wrapper stacks and the adapters (stopping
         their servers). Idempotent."""
-        tasks = [task for _, task in self._tasks.values()]
+        tasks: list[asyncio.Task[Any]] = [task for _, task in self._tasks.values()]
         self._tasks.clear()
         if self._starting is not None and not self._starting.done():
             tasks.append(self._starting)

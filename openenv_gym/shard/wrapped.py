@@ -72,8 +72,8 @@ class SessionEnv(gym.Env):
     def step(self, action: Any):
         return self._wait(self.session.step(action))
 
-    @property
-    def np_random(self):  # the session's task-choice rng is the env's rng
+    @property  # type: ignore[misc]  # read-only on purpose: the session's task-choice rng is the env's rng
+    def np_random(self):
         return self.session.np_random
 
 

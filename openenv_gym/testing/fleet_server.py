@@ -61,7 +61,7 @@ import time
 import uuid
 import zipfile
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,6 +74,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from openenv_gym.processes import die_with_parent
 from openenv_gym.testing.fleet_common import API_KEY_ENV, DEFAULT_API_KEY, EXAMPLE_TASKS, take_api_key
@@ -90,11 +91,6 @@ except ImportError:  # mcp 1.x
     from mcp.server.fastmcp.exceptions import ToolError
 
     MCP_MAJOR = 1
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 RUNNER_TOKEN_HEADER = "x-runner-token"
 MODALITIES = ("tool_use", "computer_use")
@@ -1169,7 +1165,7 @@ def serve(options: ServerOptions, on_ready: Callable[[int, ServerState], None] |
     if options.mcp_mode not in ("stateful", "stateless"):
         raise SystemExit(f"mcp_mode must be 'stateful' or 'stateless', not {options.mcp_mode!r}")
     owns_state_dir = options.state_dir is None
-    state_dir = Path(tempfile.mkdtemp(prefix="fleet-test-state-")) if owns_state_dir else Path(options.state_dir)
+    state_dir = Path(tempfile.mkdtemp(prefix="fleet-test-state-")) if options.state_dir is None else Path(options.state_dir)
     state = ServerState(
         api_key=options.api_key, state_dir=state_dir, log_path=options.log_file, mcp_mode=options.mcp_mode,
         require_runner_token=options.require_runner_token, create_delay=options.create_delay,

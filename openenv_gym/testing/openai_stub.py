@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["OpenAIStub", "arithmetic_solver"]
 
@@ -95,7 +95,7 @@ class OpenAIStub:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = cast(tuple[str, int], self._server.server_address[:2])  # an AF_INET server's address
         return f"http://{host}:{port}/v1"
 
     def start(self) -> OpenAIStub:

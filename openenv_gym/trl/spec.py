@@ -132,7 +132,7 @@ class EnvSpec:
         return Dataset.from_dict(columns)
 
     @cached_property
-    def environment_factory(self) -> Callable[[], Environment] | dict[str, Callable[[], Environment]]:
+    def environment_factory(self) -> type[Environment] | dict[str, type[Environment]]:
         """The environment class (one instance per rollout slot), or for a mixture a dict of them
         keyed by id, as ``environment_factory=`` takes it. Starts each env's first adapter (a local
         source launches its server here)."""

@@ -61,7 +61,7 @@ def type_hint(schema: Any) -> Any:
         return Any
     enum = schema.get("enum")
     if isinstance(enum, list) and enum and all(type(v) in _SCALARS for v in enum):
-        return Literal[tuple(enum)]  # type: ignore[valid-type]
+        return Literal[tuple(enum)]
     options = schema.get("anyOf") or schema.get("oneOf")
     if isinstance(options, list) and options:
         return _union([type_hint(o) for o in options])
@@ -83,7 +83,7 @@ def _union(hints: list[Any]) -> Any:
         return Any
     # A Union over a runtime tuple has no `X | Y` spelling; reduce(operator.or_, ...) would give a
     # types.UnionType for some hints and a typing.Union for others, where this is always a typing.Union.
-    return unique[0] if len(unique) == 1 else Union[tuple(unique)]  # type: ignore[return-value]  # noqa: UP007
+    return unique[0] if len(unique) == 1 else Union[tuple(unique)]  # noqa: UP007
 
 
 def schema_loss(spec: ToolSpec) -> list[str]:

@@ -9,6 +9,7 @@ the default backend runs them in adapter host processes (:class:`ProcessVectorEn
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from openenv_gym.adapters.base import AdapterSpec
@@ -40,10 +41,11 @@ def make(num_envs: int, adapter: AdapterSpec, *, backend: str = "concurrent", gr
     return envs
 
 
-def backend_class(backend: str, hosted: bool = False) -> type[AgentVectorEnv]:
+def backend_class(backend: str, hosted: bool = False) -> Callable[..., AgentVectorEnv]:
     """The vector env class of ``backend``; ``hosted``: the adapter runs under another interpreter
     (``python=``/``isolate=``), which the default backend does in host processes
-    (:class:`~openenv_gym.vector.processes.ProcessVectorEnv`) and Ray in its actors' hosts."""
+    (:class:`~openenv_gym.vector.processes.ProcessVectorEnv`) and Ray in its actors' hosts.
+    Each takes ``(num_envs, adapter, **options)``, not the base class's ``(num_envs, tools, ...)``."""
     if backend == "concurrent":
         if hosted:
             from openenv_gym.vector.processes import ProcessVectorEnv

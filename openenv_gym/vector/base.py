@@ -163,6 +163,11 @@ class SubEnv:
         self.request, self.result = None, result
         return True
 
+    def unread(self) -> Result:
+        """The result that arrived (a sub-env listed as ready has one)."""
+        assert self.result is not None
+        return self.result
+
     def collected(self) -> Result:
         result, self.result = self.result, None
         assert result is not None
@@ -276,10 +281,10 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         groups = self._groups
         if groups is None:
             return
-        started = sub.slot is not None and result.error is None and (
-            not sub.slot_if_ended or result.terminated or result.truncated)
-        if started:
-            groups.begun(result.env_id, sub.slot)
+        slot = sub.slot
+        if slot is not None and result.error is None and (
+                not sub.slot_if_ended or result.terminated or result.truncated):  # it started an episode
+            groups.begun(result.env_id, slot)
         sub.slot = None
         result.info["group"] = groups.group(result.env_id)
         result.info["group_episode"] = groups.current[result.env_id]
@@ -443,7 +448,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         ops = [self._reset_op(i, seed=seeds[i], options=options) for i in env_ids]
         self._backend.send(ops)
         ready = self._results(set(env_ids), len(env_ids), None)
-        results = [self._subs[i].result for i in ready]
+        results = [self._subs[i].unread() for i in ready]
         self._collect(ready)
         infos: dict[str, Any] = {}
         for result in sorted(results, key=lambda r: r.env_id):
@@ -491,7 +496,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             ready = sorted(self._recv_ready(None, timeout))
             if len(ready) != self.num_envs:
                 raise ConfigurationError("step_wait() needs a step_async() to every sub-env")
-            results = [self._subs[i].result for i in ready]
+            results = [self._subs[i].unread() for i in ready]
             infos: dict[str, Any] = {}
             for result in results:
                 self._absorb(result, reset=False)
@@ -576,7 +581,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         """
         with self._one_caller("recv"):
             ready = self._recv_ready(batch_size, timeout)
-            results = [self._subs[i].result for i in ready]
+            results = [self._subs[i].unread() for i in ready]
             infos: dict[str, Any] = {}
             for k, result in enumerate(results):
                 self._absorb(result, reset=False)

@@ -293,9 +293,14 @@ class Shards:
         dead.kill()
         self._spawn(dead.close(1.0))  # reaps it
         start = asyncio.get_running_loop().create_task(_settle(handle.start()))
+        self._starts[id(handle)] = start
         key = id(handle)
-        self._starts[key] = start
-        start.add_done_callback(lambda t, key=key: self._starts.pop(key) if self._starts.get(key) is t else None)
+
+        def forget(t: asyncio.Task[Any]) -> None:
+            if self._starts.get(key) is t:
+                self._starts.pop(key)
+
+        start.add_done_callback(forget)
 
     def _spawn(self, awaitable: Any) -> None:
         task = asyncio.get_running_loop().create_task(_settle(awaitable))

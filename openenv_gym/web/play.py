@@ -125,7 +125,7 @@ class PlaySession:
         self._lock = threading.Lock()
 
     def _splits(self) -> list[dict[str, Any]]:
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped  # duck-typed: any env with splits() and num_tasks()
         out = []
         for split in base.splits() if hasattr(base, "splits") else []:
             try:

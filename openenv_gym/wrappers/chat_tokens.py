@@ -53,7 +53,7 @@ def _template_message(message: Message) -> Message:
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
         args = fn.get("arguments") if isinstance(fn, dict) else None
-        if isinstance(args, str):
+        if isinstance(fn, dict) and isinstance(args, str):  # args is a str only when fn is a dict
             try:
                 decoded = json.loads(args)
             except (ValueError, RecursionError):

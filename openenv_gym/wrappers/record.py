@@ -83,7 +83,7 @@ class JsonlWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def write(self, line: bytes) -> None:
+    def write(self, line: bytes | bytearray) -> None:
         """Append ``line`` (which must end with a newline), rotating first if it would not fit.
 
         Raises ``OSError`` when the file cannot take it (the file is then left as it was), and
@@ -122,7 +122,7 @@ class JsonlWriter:
             os.close(fd)  # releases the lock too
             self._fd = self._open()
 
-    def _append(self, fd: int, size: int, line: bytes) -> None:
+    def _append(self, fd: int, size: int, line: bytes | bytearray) -> None:
         data = line
         if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + line  # a writer died mid-line: end that line, so it costs only itself

@@ -143,7 +143,7 @@ def _json_values(text: str, where: str) -> list[Any]:
 
 
 def _objects(values: list[Any], where: str) -> list[tuple[str, Any, str | None]]:
-    calls = []
+    calls: list[tuple[str, Any, str | None]] = []
     for value in values:
         for item in value if isinstance(value, list) else [value]:
             calls.append(_call(item, f"{where} call {len(calls) + 1}"))
@@ -156,7 +156,9 @@ def _hermes(text: str) -> tuple[list[tuple[str, Any, str | None]], str | None] |
     if HERMES_OPEN not in text:
         return None
     text = _strip_end(text)
-    calls, pieces, pos = [], [], 0
+    calls: list[tuple[str, Any, str | None]] = []
+    pieces: list[str] = []
+    pos = 0
     while True:
         start = text.find(HERMES_OPEN, pos)
         if start < 0:

@@ -435,7 +435,11 @@ class ServerGroup(Servers):
             if worker.process.poll() is not None and slot not in self._restarts:
                 task = asyncio.get_running_loop().create_task(self._restart(slot, worker))
                 self._restarts[slot] = task
-                task.add_done_callback(lambda _, s=slot: self._restarts.pop(s, None))
+
+                def forget(_: asyncio.Task[None], s: int = slot) -> None:
+                    self._restarts.pop(s, None)
+
+                task.add_done_callback(forget)
         if self._restarts:
             await asyncio.gather(*(asyncio.shield(t) for t in list(self._restarts.values())))
 

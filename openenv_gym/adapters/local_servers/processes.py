@@ -255,6 +255,8 @@ def sweep_stale() -> list[Path]:
                 continue
             path = Path(entry.path)
             pids = _recorded_pids(path)
+            if pids is None:  # a pid file unreadable or half-written: not ours to judge
+                continue
             if not pids and not _legacy_and_dead(path):  # being created right now, or not ours
                 continue
             if any(_pid_alive(pid, start) for pid, start in pids):

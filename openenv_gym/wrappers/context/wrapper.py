@@ -30,7 +30,7 @@ import bisect
 import copy
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, cast
 
 import gymnasium as gym
 from gymnasium.utils import RecordConstructorArgs
@@ -216,7 +216,7 @@ class ContextManagement(gym.Wrapper, RecordConstructorArgs):
         """Add the context tools to ``info["tools"]`` and to the action space (in place)."""
         inner = [spec_of(t) for t in info["tools"]]
         self._check_names(inner)
-        self.action_space.tools = inner + list(CONTEXT_TOOLS)
+        cast(AssistantAction, self.action_space).tools = inner + list(CONTEXT_TOOLS)  # set so in __init__
         # Fresh dicts each time: callers keep infos, and a shared schema edited in one would leak.
         info["tools"] = list(info["tools"]) + [copy.deepcopy(t.to_openai()) for t in CONTEXT_TOOLS]
 
