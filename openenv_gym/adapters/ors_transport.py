@@ -42,6 +42,7 @@ import codecs
 import contextlib
 import functools
 import ssl
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
@@ -320,6 +321,10 @@ class ORSTransport:
         self.limits = limits or DEFAULT_LIMITS
         self.closed = False
         self._exit_note = exit_note
+        # Calls in flight, ended by aclose(): aiohttp may leave a request waiting on a response
+        # the closed session will never deliver (a reset racing close() from another thread hung).
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._ended_by_close: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         connector: aiohttp.BaseConnector
         if url.startswith("unix:"):
             path = url[len("unix:"):]
@@ -335,14 +340,29 @@ class ORSTransport:
 
     async def aclose(self) -> None:
         self.closed = True
+        current = asyncio.current_task()
+        for task in list(self._inflight):
+            if task is not current and not task.done():
+                self._ended_by_close.add(task)
+                task.cancel()
         await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def errors(self, what: str) -> AsyncIterator[None]:
         """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
         try:
             yield
+        except asyncio.CancelledError:
+            # Ended by aclose() (and by nothing else): the caller sees the closed connection.
+            if task is not None and task in self._ended_by_close:
+                self._ended_by_close.discard(task)
+                if task.uncancel() == 0:
+                    raise BackendUnavailable(self._closed_text()) from None
+            raise
         except _Retry503 as exc:
             raise BackendUnavailable(str(exc)) from None
         except TooDeep:
@@ -363,6 +383,9 @@ class ORSTransport:
             if self.closed and not isinstance(exc, RecursionError):
                 raise BackendUnavailable(self._closed_text()) from None
             raise
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
 
     def _timeout_text(self, exc: BaseException) -> str:
         t = self.timeouts

@@ -309,7 +309,9 @@ def test_two_threads_on_one_env_get_a_clear_error_not_a_corrupted_episode(probe_
 
 
 def test_reset_racing_close_from_another_thread_leaves_no_server():
-    for _ in range(3):
+    # A reset whose request was in flight when close() shut the client hung until step_timeout
+    # (once in a few dozen races on a loaded machine): aclose() now ends the calls in flight.
+    for _ in range(8):
         env = gym.make("openenv/ORS-v0", **PROBE)
         pid = env.unwrapped.adapter.server_pid()
         outcome: list[BaseException | None] = []
