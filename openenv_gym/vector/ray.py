@@ -217,6 +217,20 @@ _TRIM = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 each): the actors are the only workers it runs."""
 
 
+_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 class RayRuntime:
     """This process's use of a Ray runtime: started here when none runs, shut down by its last user.
 
@@ -252,16 +266,20 @@ class RayRuntime:
                 "openenv_gym.vector.ray first, set that variable before importing ray, start Ray yourself "
                 "(ray.init()) or pass vector_options={'address': ...}")
         # Ray turns token authentication on for a new local cluster (good) and warns about it on
-        # every start (noise, since the user chose nothing): keep the auth, drop the warning.
-        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = auth_log.level
-        auth_log.setLevel(logging.ERROR)
+        # every start (noise, since the user chose nothing): keep the auth, drop the warning. The
+        # warning is told by its text at the handlers it reaches (Ray's own logger's and the
+        # root's), so no module of Ray's is named.
+        quiet = _DropMessage(_AUTH_NOTICE)
+        handlers = [*logging.getLogger("ray").handlers, *logging.getLogger().handlers]
+        for handler in handlers:
+            handler.addFilter(quiet)
         try:
             with scoped_environ({k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ}):
                 # the processes ray.init starts inherit it
                 ray.init(include_dashboard=False, _system_config=_TRIM)
         finally:
-            auth_log.setLevel(level)
+            for handler in handlers:
+                handler.removeFilter(quiet)
 
     def release(self) -> None:
         """One user fewer; the last one shuts down the runtime this object started."""
