@@ -67,26 +67,13 @@ SCROLL = """async () => {
 
 def make_rollout(path: Path, tokens: bool) -> list[bytes]:
     """A real grouped rollout (256 episodes, groups of 8); its lines."""
-    import random
 
     import openenv_gym  # noqa: F401
     from openenv_gym.policies import OpenAIPolicy
     from openenv_gym.rollout import collect
-    from openenv_gym.testing.openai_stub import OpenAIStub, arithmetic_solver
+    from openenv_gym.testing.openai_stub import OpenAIStub, sometimes_wrong
 
-    rng, lock = random.Random(0), threading.Lock()
-
-    def half_wrong(request: dict[str, Any]) -> dict[str, Any]:
-        message = arithmetic_solver(request)
-        call = (message.get("tool_calls") or [{}])[0].get("function", {})
-        if call.get("name") == "submit":
-            with lock:
-                wrong = rng.random() < 0.5
-            if wrong:
-                call["arguments"] = json.dumps({"answer": str(int(json.loads(call["arguments"])["answer"]) + 1)})
-        return message
-
-    with OpenAIStub(half_wrong) as stub:
+    with OpenAIStub(sometimes_wrong()) as stub:
         policy = OpenAIPolicy(stub.url, "stub", token_ids=tokens)
         try:
             collect("openenv/Arithmetic-v0", 256, num_envs=32, group_size=8, policy=policy, out=path, progress=False)

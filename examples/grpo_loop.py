@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -46,30 +43,9 @@ import numpy as np
 import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym import rollout
 from openenv_gym.policies import OpenAIPolicy
-from openenv_gym.testing.openai_stub import OpenAIStub, arithmetic_solver
+from openenv_gym.testing.openai_stub import OpenAIStub, sometimes_wrong
 
 ENV_ID = "openenv/Arithmetic-v0"
-
-
-def sometimes_wrong(miss: float, seed: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A stub script that solves Arithmetic but submits ``answer + 1`` with probability ``miss``.
-
-    The stub answers from several threads, hence the lock around the shared random stream.
-    """
-    rng, lock = random.Random(seed), threading.Lock()
-
-    def script(request: dict[str, Any]) -> dict[str, Any]:
-        message = arithmetic_solver(request)
-        call = (message.get("tool_calls") or [{}])[0].get("function", {})
-        if call.get("name") == "submit":
-            with lock:
-                wrong = rng.random() < miss
-            if wrong:
-                answer = json.loads(call["arguments"])["answer"]
-                call["arguments"] = json.dumps({"answer": str(int(answer) + 1)})
-        return message
-
-    return script
 
 
 def group_key(iteration: int, record: dict[str, Any]) -> str:

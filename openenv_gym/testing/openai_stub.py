@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import re
 import threading
 import time
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
-__all__ = ["OpenAIStub", "arithmetic_solver"]
+__all__ = ["OpenAIStub", "arithmetic_solver", "sometimes_wrong"]
 
 _ids = itertools.count(1)
 _COMPUTE = re.compile(r"Compute (.+?)\. ")
@@ -69,6 +70,26 @@ def arithmetic_solver(request: dict[str, Any]) -> dict[str, Any]:
                     "tool_calls": [_tool_call("calculator", {"expression": match.group(1)})]}
     return {"role": "assistant", "content": "I have nothing to add."}
 
+
+
+def sometimes_wrong(miss: float = 0.5, seed: int = 0) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A stub script that solves Arithmetic but submits ``answer + 1`` with probability ``miss``
+    (groups then get mixed rewards). The stub answers from several threads, hence the lock around
+    the shared random stream."""
+    rng, lock = random.Random(seed), threading.Lock()
+
+    def script(request: dict[str, Any]) -> dict[str, Any]:
+        message = arithmetic_solver(request)
+        call = (message.get("tool_calls") or [{}])[0].get("function", {})
+        if call.get("name") == "submit":
+            with lock:
+                wrong = rng.random() < miss
+            if wrong:
+                answer = json.loads(call["arguments"])["answer"]
+                call["arguments"] = json.dumps({"answer": str(int(answer) + 1)})
+        return message
+
+    return script
 
 class OpenAIStub:
     """The stub server. Use as a context manager, or ``start()``/``stop()``.

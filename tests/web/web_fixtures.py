@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,29 +23,12 @@ import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.policies import OpenAIPolicy
 from openenv_gym.records import EpisodeRecord, encode_record
 from openenv_gym.rollout import collect
-from openenv_gym.testing.openai_stub import OpenAIStub, arithmetic_solver
+from openenv_gym.testing.openai_stub import OpenAIStub, sometimes_wrong
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.wrappers import RecordEpisodes
 
 HOSTILE = ['<script>window.__pwned = "script"</script>', '<img src=x onerror="window.__pwned = \'img\'">',
            "</script><script>window.__pwned = 'close'</script>", "<!-- <script>window.__pwned = 'comment'</script>"]
-
-
-def sometimes_wrong(seed: int = 0) -> Any:
-    """The stub's Arithmetic solver, submitting ``answer + 1`` half the time."""
-    rng, lock = random.Random(seed), threading.Lock()
-
-    def script(request: dict[str, Any]) -> dict[str, Any]:
-        message = arithmetic_solver(request)
-        call = (message.get("tool_calls") or [{}])[0].get("function", {})
-        if call.get("name") == "submit":
-            with lock:
-                wrong = rng.random() < 0.5
-            if wrong:
-                call["arguments"] = json.dumps({"answer": str(int(json.loads(call["arguments"])["answer"]) + 1)})
-        return message
-
-    return script
 
 
 @pytest.fixture(scope="session")
