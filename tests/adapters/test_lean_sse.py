@@ -54,15 +54,27 @@ _SERVER = textwrap.dedent("""
     app = Starlette(routes=[Route("/quick", quick), Route("/slow", slow), Route("/failing", failing)])
     sock = os.path.join(tempfile.mkdtemp(), "s.sock")
     server = uvicorn.Server(uvicorn.Config(app, uds=sock, log_level="critical"))
-    threading.Thread(target=server.run, daemon=True).start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     while not server.started:
         time.sleep(0.01)
     client = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://local", timeout=10)
 """)
 
 
+_STOP = """
+client.close()
+server.should_exit = True
+thread.join(30)
+assert not thread.is_alive(), "the server thread did not stop"
+print('ok')
+"""
+
+
 def _child(mode: str, scenario: str) -> str:
-    code = _SERVER + textwrap.dedent(scenario) + "\nserver.should_exit = True\nprint('ok')\n"
+    # The server thread is stopped and joined before the interpreter exits: a daemon thread still
+    # inside uvicorn during interpreter teardown crashed the child once (SIGSEGV after "ok").
+    code = _SERVER + textwrap.dedent(scenario) + _STOP
     out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout
