@@ -16,8 +16,9 @@ How the agent's answer reaches the interception server (``transport``):
   ``verifiers.v1.interception.InterceptionServer._client`` and
   ``verifiers.v1.clients.client.RelayReply``.
 * ``"http"``: no private hook: :class:`PolicyHTTPServer` on 127.0.0.1 (JSON and SSE), named by
-  ``AgentConfig.client = vf.EvalClientConfig(base_url=...)``; calls are routed by the
-  ``X-Session-ID`` header (the trace id) that the library's eval client sends.
+  ``AgentConfig.client = vf.EvalClientConfig(base_url=..., headers={POLICY_KEY_HEADER: key})``;
+  calls are routed by the ``X-Session-ID`` header (the trace id) that the library's eval client
+  sends, and refused (401) without the server's key: any local user can reach a loopback port.
 
 Either way each call goes to :meth:`CallRouter.answer
 <openenv_gym.adapters.verifiers_v1_handoff.CallRouter.answer>`, which hands it to its episode.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -47,6 +49,11 @@ logger = logging.getLogger(__name__)
 POLICY_KEY_VAR = "OPENENV_GYM_V1_POLICY_KEY"
 """The env var the library reads for the endpoint's key: never set; the policy needs none, and a
 non-Prime name keeps the library from consulting the Prime CLI config."""
+
+POLICY_KEY_HEADER = "X-OpenEnv-Gym-Policy-Key"
+"""The header carrying :class:`PolicyHTTPServer`'s key. A header of our own, not
+``Authorization``: the library's eval client sets that from ``api_key_var`` (an env var, which
+child processes would inherit), and sends ``EvalClientConfig.headers`` on every request."""
 
 STOP_TIMEOUT = 60.0
 """Seconds :meth:`RolloutServers.stop` waits for the servers to shut down before cancelling."""
@@ -168,7 +175,8 @@ class RolloutServers:
                     http = PolicyHTTPServer(self._router)
                     await http.start()
                     server = InterceptionServer(**kwargs)
-                    client = vf.EvalClientConfig(base_url=http.base_url, api_key_var=POLICY_KEY_VAR)
+                    client = vf.EvalClientConfig(base_url=http.base_url, api_key_var=POLICY_KEY_VAR,
+                                                 headers={POLICY_KEY_HEADER: http.key})
                 self.transport = transport
                 async with server:
                     self._shared = shared = dict(shared)
@@ -284,12 +292,18 @@ def injected_interception_class() -> type:
 
 
 class PolicyHTTPServer:
-    """The ``transport="http"`` path: an OpenAI-compatible endpoint on 127.0.0.1 (JSON and SSE)."""
+    """The ``transport="http"`` path: an OpenAI-compatible endpoint on 127.0.0.1 (JSON and SSE).
+
+    Every local user can connect to a loopback port, so a request must carry :attr:`key` (made
+    per server, compared in constant time) in :data:`POLICY_KEY_HEADER`; without it the answer is
+    401 and no episode sees the call.
+    """
 
     def __init__(self, router: CallRouter):
         self.router = router
         self.runner: Any = None
         self.base_url = ""
+        self.key = secrets.token_urlsafe(32)
 
     async def start(self) -> None:
         from aiohttp import web
@@ -298,6 +312,8 @@ class PolicyHTTPServer:
         dialect = ChatDialect()
 
         async def completions(request: web.Request) -> web.StreamResponse:
+            if not secrets.compare_digest(request.headers.get(POLICY_KEY_HEADER, "").encode(), self.key.encode()):
+                return web.json_response({"error": {"message": "this endpoint needs its key"}}, status=401)
             body = await request.json()
             try:
                 raw = await self.router.answer(body, request.headers.get("X-Session-ID"))

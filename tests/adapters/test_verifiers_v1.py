@@ -526,3 +526,32 @@ def test_no_port_file_of_the_librarys_tool_servers_is_left_behind(env_args: dict
         env.close()
     assert len(seen) == (1 if env_args else 2)  # one shared server, or one per rollout
     assert not [f for f in seen if Path(f).exists()]
+
+
+def test_the_http_policy_endpoint_answers_only_requests_with_its_key() -> None:
+    """Any local user can reach a loopback port: a model call without the server's key is refused
+    before it reaches an episode (the library's own client sends the key: the test above)."""
+    import aiohttp
+
+    from openenv_gym.adapters.verifiers_v1_handoff import CallRouter
+    from openenv_gym.adapters.verifiers_v1_servers import POLICY_KEY_HEADER, PolicyHTTPServer
+
+    async def scenario() -> None:
+        server = PolicyHTTPServer(CallRouter())
+        await server.start()
+        try:
+            url = server.base_url + "/chat/completions"
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with aiohttp.ClientSession() as client:
+                for headers in ({}, {POLICY_KEY_HEADER: "guess"}, {POLICY_KEY_HEADER: server.key[:-1]},
+                                {"Authorization": f"Bearer {server.key}"}):
+                    async with client.post(url, json=body, headers={"X-Session-ID": "t", **headers}) as r:
+                        assert r.status == 401, headers
+                # With the key, the call reaches the router, which knows no episode of that trace.
+                async with client.post(url, json=body, headers={"X-Session-ID": "t", POLICY_KEY_HEADER: server.key}) as r:
+                    assert r.status == 409
+                    assert "no live openenv_gym episode" in (await r.json())["error"]["message"]
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
