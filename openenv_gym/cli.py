@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,10 +107,17 @@ def _where(kwargs: dict[str, Any]) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from openenv_gym.registration import env_info, list_environments
+    from openenv_gym.importers.catalog import load_catalog
+    from openenv_gym.registration import env_id, env_info, list_environments
 
+    # An imported source is a path on this machine: one deleted or moved since cannot be made,
+    # and says so here rather than at the next gym.make.
+    gone = {env_id(e.name): e.name for e in load_catalog().values() if not os.path.exists(e.source)}
     for id in list_environments():
-        print(f"{id:<32} {_where(env_info(id)['kwargs'])}")
+        line = f"{id:<32} {_where(env_info(id)['kwargs'])}"
+        if id in gone:
+            line += f"  [its source is gone: `openenv-gym remove {gone[id]}`]"
+        print(line)
     return 0
 
 

@@ -77,6 +77,20 @@ def test_import_registers_on_the_next_import_and_the_env_plays(private_catalog):
     assert "openenv/MyProbe-v0" not in cli("list", catalog=private_catalog).stdout
 
 
+def test_list_flags_an_imported_source_that_is_gone(private_catalog, tmp_path):
+    """A source deleted after its import is named in ``list`` with the command that drops it."""
+    source = tmp_path / "probe.py"
+    shutil.copy(ENVS / "openreward_probe.py", source)
+    assert cli("import", str(source), "--name", "Gone", catalog=private_catalog).returncode == 0
+    line = next(x for x in cli("list", catalog=private_catalog).stdout.splitlines() if "openenv/Gone-v0" in x)
+    assert "gone" not in line
+    source.unlink()
+    line = next(x for x in cli("list", catalog=private_catalog).stdout.splitlines() if "openenv/Gone-v0" in x)
+    assert line.endswith("[its source is gone: `openenv-gym remove Gone`]"), line
+    assert cli("remove", "Gone", catalog=private_catalog).returncode == 0
+    assert "openenv/Gone-v0" not in cli("list", catalog=private_catalog).stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["import", "no/such/path.py", "--name", "X"], "does not exist"),
     (["import", str(ENVS / "ors_probe.py"), "--name", "bad:name"], ":"),
