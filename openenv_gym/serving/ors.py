@@ -19,7 +19,8 @@ served env named by its id's name in lower case, as ORS servers name theirs:
   ``task_id`` and gets the same result without running the tool twice (the latest call of each
   session, kept ``CALL_LINGER`` seconds after it ends).
 * Errors are the SDK servers' shapes (:mod:`openenv_gym.serving.http`): ``{"detail": ...}`` with
-  400, 404 (an unknown session or environment), 422, 503 with ``Retry-After`` when every session
+  400 (also a ``task_spec`` the env failed to start an episode on), 404 (an unknown session or
+  environment), 422, 503 with ``Retry-After`` when every session
   is in use (``max_sessions``), 500. A tool call the env did not run is ``{"ok": false, "error",
   "reason"}`` (``not_found``, ``input_validation``, ``episode_finished``). Per-session secrets
   (``X-Secrets``, a body's ``secrets``) are accepted and ignored: the served env was built with
@@ -36,6 +37,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from openenv_gym.errors import ServerError
 from openenv_gym.serving.content import ROLES, items, ors_blocks
 from openenv_gym.serving.http import Invalid, detail, for_env, guard, json_response, read_body
 from openenv_gym.serving.limits import CALL_LINGER, SSE_CHUNK, SSE_PING_INTERVAL
@@ -136,8 +138,12 @@ class _ORS:
         session = self.served.open(sid)
         try:
             await session.reset(options=options)
-        except BaseException:
+        except BaseException as exc:
             await self.served.end(session)
+            # The env failed on a task spec the caller wrote (a field it needs is missing): the
+            # caller's to fix, not the server's failure. A backend that is down or slow stays 5xx.
+            if body.task_spec is not None and isinstance(exc, ServerError):
+                return detail(400, f"the env could not start an episode on this task_spec: {exc}")
             raise
         return json_response({"sid": sid})
 

@@ -167,6 +167,9 @@ def test_malformed_requests_get_readable_errors_and_the_server_goes_on(arith):
              422, "color"),
             (client.post(f"{url}/create", json={"split": "train", "index": 0, "task_spec": {}}, headers={**headers, **sid}),
              422, "either task_spec or both"),
+            # The env itself fails on a task spec that lacks what it needs: the caller's to fix.
+            (client.post(f"{url}/create", json={"task_spec": {}}, headers={**headers, **sid}),
+             400, "could not start an episode on this task_spec"),
             (client.post(f"{url}/create", json={"split": "nope", "index": 0}, headers={**headers, **sid}), 400, "nope"),
             (client.post(f"{url}/create", json={"split": "train", "index": 10**6}, headers={**headers, **sid}),
              400, "outside"),
