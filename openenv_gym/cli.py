@@ -107,12 +107,18 @@ def _where(kwargs: dict[str, Any]) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from openenv_gym.importers.catalog import load_catalog
+    from openenv_gym.errors import CatalogError
+    from openenv_gym.importers.catalog import read_catalog
     from openenv_gym.registration import env_id, env_info, list_environments
 
     # An imported source is a path on this machine: one deleted or moved since cannot be made,
-    # and says so here rather than at the next gym.make.
-    gone = {env_id(e.name): e.name for e in load_catalog().values() if not os.path.exists(e.source)}
+    # and says so here rather than at the next gym.make. Lenient read: the invalid entries were
+    # already named when the package imported.
+    try:
+        entries = read_catalog().entries
+    except CatalogError:  # an unreadable file: the import said so; the ids are still listed
+        entries = {}
+    gone = {env_id(e.name): e.name for e in entries.values() if not os.path.exists(e.source)}
     for id in list_environments():
         line = f"{id:<32} {_where(env_info(id)['kwargs'])}"
         if id in gone:
