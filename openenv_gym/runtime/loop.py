@@ -167,7 +167,11 @@ class Runtime:
     def post(self, callback: Callable[..., Any], *args: Any) -> None:
         """Run ``callback(*args)`` on the loop soon, without waiting (callbacks keep their order)."""
         try:
-            self.get_loop().call_soon_threadsafe(callback, *args)
+            loop = self.get_loop()
+            if self.in_runtime_thread():  # already on the loop (a served session): no self-pipe wake-up
+                loop.call_soon(callback, *args)
+            else:
+                loop.call_soon_threadsafe(callback, *args)
         except RuntimeError as exc:  # closed between get_loop() and the call: the runtime is stopping
             raise RuntimeClosed(f"the runtime loop is stopping ({exc})") from None
 
