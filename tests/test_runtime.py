@@ -196,6 +196,35 @@ def test_caller_loop_ctrl_c_cancels_the_call_then_raises_and_restores_the_handle
     assert runner.run(asyncio.sleep(0, "after"), 5) == "after"
 
 
+def test_caller_loop_takes_ctrl_c_over_only_in_a_call_that_lasts(runner):
+    """A short call leaves the SIGINT handler alone (its swap would cost a tenth of a Verifiers
+    step); a call that lasts takes Ctrl-C over, so a press cancels it rather than raising inside
+    the backend's code; either way a press ends the call with KeyboardInterrupt and the loop goes on."""
+    async def handler_now(wait: float) -> object:
+        await asyncio.sleep(wait)
+        return signal.getsignal(signal.SIGINT)
+
+    assert runner.run(handler_now(0), 5) is signal.default_int_handler
+    assert runner.run(handler_now(0.3), 5) is not signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    finished = []
+
+    async def busy() -> None:  # Python code of the backend's, running when the press lands
+        end = time.monotonic() + 2
+        while time.monotonic() < end:  # never yields: the watch cannot take Ctrl-C over
+            pass
+        finished.append(True)
+
+    sigint_after(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(busy(), 5)
+    assert finished == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert runner.run(asyncio.sleep(0, "after"), 5) == "after"
+    assert not [t for t in asyncio.all_tasks(runner.loop) if not t.done()]
+
+
 def test_caller_loop_a_call_deaf_to_its_cancel_is_left_after_the_grace(monkeypatch, runner):
     monkeypatch.setattr("openenv_gym.runtime.caller_loop.CANCEL_GRACE", 0.5)
 
