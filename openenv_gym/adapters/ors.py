@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn, no_tool_call, refuse_call, tool_message, unreadable_reply, user_message
 from openenv_gym.adapters import local_servers
 from openenv_gym.adapters.base import Adapter, Episode
@@ -75,7 +76,7 @@ from openenv_gym.adapters.ors_transport import (
 from openenv_gym.adapters.ors_transport import (
     ToolOutput as _ToolOutput,
 )
-from openenv_gym.errors import BackendError, BackendTimeout, ConfigurationError, SourceNotFound
+from openenv_gym.errors import BackendError, ConfigurationError, SourceNotFound
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["ORSAdapter", "ORSEpisode", "blocks_to_content"]
@@ -203,6 +204,7 @@ class ORSAdapter(ServerReport, Adapter):
         self._live: set[ORSEpisode] = set()  # episodes holding a session: pinged, deleted at close
         self._pinger: asyncio.Task[None] | None = None
         self._deleting: set[asyncio.Task[None]] = set()
+        self._deadlines = runtime.Deadlines()  # call_timeout of every tool call, for one timer
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -258,6 +260,7 @@ class ORSAdapter(ServerReport, Adapter):
     async def aclose(self) -> None:
         """Close for good: end the sessions (waiting at most :data:`CLOSE_TIMEOUT`), stop the server."""
         self.endpoint.shut()
+        self._deadlines.cancel()
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
@@ -352,14 +355,11 @@ class ORSAdapter(ServerReport, Adapter):
         ``connect_timeout``/``read_timeout`` for one request.
         """
         self.endpoint.check_open()
-        path = f"/{self.env_name}/call"
-        try:
-            async with asyncio.timeout(self.call_timeout) as deadline:
-                return await link.call_tool(path, sid, name, arguments, resume_attempts=self.resume_attempts)
-        except TimeoutError:
-            if deadline.expired():
-                raise BackendTimeout(f"tool {name!r} did not finish within call_timeout={self.call_timeout} s") from None
-            raise  # a limit of the transport fired: its own error already says which
+        # One shared timer for every call of the adapter's sessions, not one per call; a limit of
+        # the transport that fires (read_timeout) keeps its own message.
+        return await self._deadlines.within(
+            link.call_tool(f"/{self.env_name}/call", sid, name, arguments, resume_attempts=self.resume_attempts),
+            self.call_timeout, f"tool {name!r}", "call_timeout")
 
     # -- session keep-alive and teardown ---------------------------------------------------------
     def touch(self, episode: ORSEpisode) -> None:

@@ -325,6 +325,10 @@ class ORSTransport:
         # the closed session will never deliver (a reset racing close() from another thread hung).
         self._inflight: set[asyncio.Task[Any]] = set()
         self._ended_by_close: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+        # read_timeout and END_GRACE of every tool-call stream, for the price of one timer
+        self._deadlines = runtime.Deadlines()
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect + timeouts.read,
+                                                     sock_connect=timeouts.connect, sock_read=None)
         connector: aiohttp.BaseConnector
         if url.startswith("unix:"):
             path = url[len("unix:"):]
@@ -340,6 +344,7 @@ class ORSTransport:
 
     async def aclose(self) -> None:
         self.closed = True
+        self._deadlines.cancel()
         current = asyncio.current_task()
         for task in list(self._inflight):
             if task is not current and not task.done():
@@ -351,41 +356,54 @@ class ORSTransport:
     @contextlib.asynccontextmanager
     async def errors(self, what: str) -> AsyncIterator[None]:
         """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
+        task = self._track()
+        try:
+            yield
+        except BaseException as exc:
+            translated = await self._translate(exc, what, task)
+            if translated is None:
+                raise
+            raise translated from None
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    def _track(self) -> asyncio.Task[Any] | None:
+        """Count the running task as a call in flight (:meth:`aclose` ends those)."""
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
-        try:
-            yield
-        except asyncio.CancelledError:
+        return task
+
+    async def _translate(self, exc: BaseException, what: str, task: asyncio.Task[Any] | None) -> BaseException | None:
+        """The :mod:`openenv_gym.errors` error for ``exc``, raised while doing ``what``; ``None``
+        when ``exc`` is to propagate as it is (a cancel, the package's own errors, a bug)."""
+        if isinstance(exc, asyncio.CancelledError):
             # Ended by aclose() (and by nothing else): the caller sees the closed connection.
             if task is not None and task in self._ended_by_close:
                 self._ended_by_close.discard(task)
                 if task.uncancel() == 0:
-                    raise BackendUnavailable(self._closed_text()) from None
-            raise
-        except _Retry503 as exc:
-            raise BackendUnavailable(str(exc)) from None
-        except TooDeep:
-            raise too_deep(what, self.limits.json_depth) from None
-        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec: bad UTF-8 is not a DecodeError
-            raise ServerError(f"{what}: the server sent an unreadable answer ({exc})") from None
-        except BackendError:
-            raise
-        except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
-            raise BackendTimeout(f"{what}: {self._timeout_text(exc)}") from None
-        except _StreamEnded as exc:
-            raise await self._unreachable(exc) from None
-        except aiohttp.ClientPayloadError as exc:
-            raise ServerError(f"{what}: the server sent an undecodable body ({exc})") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise await self._unreachable(exc) from None
-        except RuntimeError as exc:
-            if self.closed and not isinstance(exc, RecursionError):
-                raise BackendUnavailable(self._closed_text()) from None
-            raise
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
+                    return BackendUnavailable(self._closed_text())
+            return None
+        if isinstance(exc, _Retry503):
+            return BackendUnavailable(str(exc))
+        if isinstance(exc, TooDeep):
+            return too_deep(what, self.limits.json_depth)
+        if isinstance(exc, (msgspec.DecodeError, UnicodeDecodeError)):  # msgspec: bad UTF-8 is not a DecodeError
+            return ServerError(f"{what}: the server sent an unreadable answer ({exc})")
+        if isinstance(exc, BackendError):
+            return None
+        if isinstance(exc, (aiohttp.ServerTimeoutError, TimeoutError)):
+            return BackendTimeout(f"{what}: {self._timeout_text(exc)}")
+        if isinstance(exc, _StreamEnded):
+            return await self._unreachable(exc)
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return ServerError(f"{what}: the server sent an undecodable body ({exc})")
+        if isinstance(exc, (aiohttp.ClientError, OSError)):
+            return await self._unreachable(exc)
+        if isinstance(exc, RuntimeError) and self.closed and not isinstance(exc, RecursionError):
+            return BackendUnavailable(self._closed_text())
+        return None
 
     def _timeout_text(self, exc: BaseException) -> str:
         t = self.timeouts
@@ -494,8 +512,12 @@ class ORSTransport:
         backoff = runtime.Backoff(base=0.2, cap=2.0)
         last_exc: BaseException | None = None
         body: dict[str, Any] = {"name": name, "input": arguments or {}}
+        what = f"tool {name!r}"
         content = encode(body, f"the arguments of tool {name!r}")
-        async with self.errors(f"tool {name!r}"):
+        # :meth:`errors`, inline: its generator-based context manager costs more per call than
+        # the rest of this method's own work
+        task = self._track()
+        try:
             for attempt in range(resume_attempts + 1):
                 if task_id is not None:
                     body["task_id"] = task_id
@@ -503,13 +525,20 @@ class ORSTransport:
                 try:
                     if self.closed:
                         raise BackendUnavailable(self._closed_text())
-                    async with self._client.post(self._base + path, data=content, headers=headers) as response:
+                    # read_timeout bounds every wait on the server, on the transport's shared
+                    # deadlines rather than aiohttp's sock_read timer, which is re-armed on every
+                    # chunk (a step's timers cost more than the rest of its client-side work)
+                    response = await self._waited(
+                        self._client.post(self._base + path, data=content, headers=headers, timeout=self._stream_timeout),
+                        what, self.timeouts.connect + self.timeouts.read)
+                    async with response:
                         if response.status != 200:
                             raise_for_status(Reply(response.status, response.headers,
-                                                   await self._read(response, f"POST {path}")), f"POST {path}")
+                                                   await self._waited(self._read(response, f"POST {path}"), what)),
+                                             f"POST {path}")
                         kind = response.headers.get("Content-Type", "")
                         if not kind.lower().startswith("text/event-stream"):
-                            start = (await response.content.read(200)).decode("utf-8", "replace")
+                            start = (await self._waited(response.content.read(200), what)).decode("utf-8", "replace")
                             raise ServerError(
                                 f"POST {path}: the server answered a tool call with "
                                 f"{kind.split(';')[0].strip() or 'no content type'} "
@@ -520,7 +549,7 @@ class ORSTransport:
                         limit = self.limits.response_bytes
                         received = 0
                         stream = response.content
-                        async for chunk in stream.iter_any():
+                        while chunk := await self._waited(stream.readany(), what):
                             received += len(chunk)
                             if received > limit:
                                 raise too_large(f"tool {name!r}", limit)
@@ -549,7 +578,7 @@ class ORSTransport:
                             if outcome is None:
                                 raise _StreamEnded("the tool-call stream ended before its result")
                         elif not stream.at_eof():
-                            await self._finish(response)
+                            await self._finish(response, task)
                         return outcome
                 except _Retry503 as exc:
                     last_exc = exc
@@ -566,12 +595,27 @@ class ORSTransport:
                     last_exc = exc
                     await asyncio.sleep(backoff.delay(attempt))
             raise last_exc or _StreamEnded("no attempt made")
+        except BaseException as exc:
+            translated = await self._translate(exc, what, task)
+            if translated is None:
+                raise
+            raise translated from None
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _waited(self, awaitable: Awaitable[T], what: str, limit: float | None = None) -> T:
+        """``awaitable``, a wait on the server, cut off after ``limit`` (default: ``read_timeout``)."""
+        seconds = self.timeouts.read if limit is None else limit
+        try:
+            return await self._deadlines.within(awaitable, seconds, what)
+        except BackendTimeout:
+            raise BackendTimeout(f"{what}: no response within read_timeout={self.timeouts.read} s") from None
 
     def _result(self, data: str) -> RunToolResult:
         return decode_within_depth(_result_decoder, data, self.limits.json_depth)
 
-    @staticmethod
-    async def _finish(response: aiohttp.ClientResponse) -> None:
+    async def _finish(self, response: aiohttp.ClientResponse, task: asyncio.Task[Any] | None) -> None:
         """Wait briefly for a tool-call stream to end after its result; drop the connection otherwise.
 
         The end of the stream usually arrives with the result. Reading it lets the connection be
@@ -579,9 +623,13 @@ class ORSTransport:
         the stream open, or sends more, is cut off after :data:`END_GRACE` seconds.
         """
         try:
-            async with asyncio.timeout(END_GRACE):
-                rest = await response.content.readany()
+            if task is None:  # not in a task (no deadline can cancel it): do not wait at all
+                rest = b""
+            else:
+                # The transport's shared deadlines, not a timer of this call's own: the end of
+                # nearly every tool call's stream is awaited here.
+                rest = await self._deadlines.within(response.content.readany(), END_GRACE, "the stream's end", "END_GRACE")
             if rest or not response.content.at_eof():
                 response.close()
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (BackendTimeout, aiohttp.ClientError, OSError):
             response.close()
