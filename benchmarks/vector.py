@@ -9,6 +9,11 @@ Sections (``--only`` picks some):
 * ``client``: ConcurrentVectorEnv at 64 sub-envs against an aiohttp reference client (one shared
   session, the same calls to the same server), in env-steps/sec (target >= 0.90), and the client CPU per
   env-step of openenv_gym, the aiohttp reference and a raw httpx loop (this process's CPU time over env-steps).
+* ``calls``: Python function calls per env-step (cProfile, on every thread a step runs on) of
+  ConcurrentVectorEnv at 64 against the aiohttp reference: the same work as ``client``, counted
+  rather than timed. A count does not move with the machine's load, so it shows what a change to
+  the client's hot path gained where the CPU-time ratio (spread 0.3 and more on a shared machine)
+  cannot; it is a proxy (a C builtin counts as much as a Python function), not the target.
 * ``first_ready``: 64 sub-envs whose steps take lognormal time (median 20 ms, sigma 1);
   ``recv(batch_size=8)`` against lockstep ``step()`` (target >= 4; the simulated bound is ~6.7).
 * ``wire``: encode+decode of a step record, msgspec Struct against the same pydantic model
@@ -17,7 +22,7 @@ Sections (``--only`` picks some):
 Every tool call here is ``calculator`` on a small expression; episodes are truncated after 8
 turns, so resets are part of the load as they are in training.
 
-    python benchmarks/vector.py [--only collapse,client,first_ready,wire] [--reps 3] [--json out.json]
+    python benchmarks/vector.py [--only collapse,client,calls,first_ready,wire] [--reps 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -234,6 +239,80 @@ def bench_client(reps: int, seconds: float) -> dict[str, Any]:
             "ours": statistics.median(rate["openenv_gym"]), "aiohttp": statistics.median(rate["aiohttp"])}
 
 
+# -- calls per env-step ------------------------------------------------------------------------------------
+def _calls_per_step(profiles: list[Any], steps: int) -> float:
+    import pstats
+
+    return sum(sum(v[1] for v in pstats.Stats(p).stats.values()) for p in profiles) / steps  # type: ignore[attr-defined]
+
+
+def _ours_calls(url: str, seconds: float) -> float:
+    """Calls per env-step of the stepping loop of ``concurrent_steps_per_sec``, on the caller's
+    thread and on the runtime loop's thread (where the sessions run)."""
+    import cProfile
+    import threading
+
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401
+    from openenv_gym import runtime
+
+    envs = gym.make_vec("openenv/ORS-v0", num_envs=64, url=url, env_name="arithmetic", max_turns=TURNS)
+    caller, loop_side = cProfile.Profile(), cProfile.Profile()
+
+    def on_loop(fn: Any) -> None:  # runs ``fn`` on the runtime loop's thread and waits for it
+        done = threading.Event()
+        runtime.get_loop().call_soon_threadsafe(lambda: (fn(), done.set()))
+        done.wait(30)
+
+    try:
+        envs.reset(seed=0)
+        envs.send([CALC] * 64)
+
+        def run(until: float) -> int:
+            steps = 0
+            while time.perf_counter() < until:
+                b = envs.recv(16)
+                steps += int(sum("calls" in i for i in _infos(b)))
+                envs.send([CALC] * len(b.env_ids), b.env_ids)
+            return steps
+
+        run(time.perf_counter() + 2.0)  # warm-up
+        on_loop(loop_side.enable)
+        caller.enable()
+        steps = run(time.perf_counter() + seconds)
+        caller.disable()
+        on_loop(loop_side.disable)
+        envs.recv()
+    finally:
+        envs.close()
+    return _calls_per_step([caller, loop_side], steps)
+
+
+def _reference_calls(url: str, seconds: float) -> float:
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    rate = asyncio.run(_aiohttp_reference(url, 64, seconds))
+    profile.disable()
+    return _calls_per_step([profile], round(rate * seconds))
+
+
+def bench_calls(reps: int, seconds: float) -> dict[str, Any]:
+    env, url = _server()
+    ours: list[float] = []
+    reference: list[float] = []
+    try:
+        for r in range(reps):
+            ours.append(_ours_calls(url, seconds))
+            reference.append(_reference_calls(url, seconds))
+            print(f"  calls rep {r}: openenv_gym {ours[-1]:6.0f} per env-step   aiohttp {reference[-1]:6.0f}")
+    finally:
+        env.close()
+    return {"openenv_gym": ours, "aiohttp": reference, "ratios": [a / b for a, b in zip(ours, reference, strict=True)]}
+
+
 # -- first-ready batching ------------------------------------------------------------------------------
 def bench_first_ready(reps: int, steps: int) -> dict[str, Any]:
     from openenv_gym import vector
@@ -329,6 +408,13 @@ def main() -> None:
                               target=1.15, higher_is_better=False))
         for side, values in c["cpu_us_per_step"].items():
             figures.append(figure(f"client CPU per env-step at 64: {side}", values, unit="us", higher_is_better=False))
+    if "calls" in only:
+        results["calls"] = c = bench_calls(args.reps, min(args.seconds, 4.0))
+        figures.append(figure("Python calls per env-step at 64, openenv_gym vs aiohttp (a proxy of client CPU)",
+                              c["ratios"], higher_is_better=False))
+        for side in ("openenv_gym", "aiohttp"):
+            figures.append(figure(f"Python calls per env-step at 64: {side}", c[side], unit="calls",
+                                  higher_is_better=False))
     if "collapse" in only:
         results["collapse"] = c = bench_collapse(args.reps, args.seconds)
         figures.append(figure("ConcurrentVectorEnv 128 vs 8 sub-envs", c["ratios_128_to_8"], target=0.8))
