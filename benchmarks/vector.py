@@ -385,7 +385,7 @@ def main() -> None:
                                                   tuned=sys.argv[5:] == ["tuned"])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="collapse,client,first_ready,wire")  # Ray: benchmarks/ray_bench.py
+    parser.add_argument("--only", default="collapse,client,calls,first_ready,wire")  # Ray: benchmarks/ray_bench.py
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0, help="measuring time per configuration")
     parser.add_argument("--json", default=None)
