@@ -12,6 +12,7 @@ import atexit
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,12 @@ import pytest
 from openenv_gym.testing import procs
 
 ENVS = Path(__file__).parent / "envs"
+# A shell that is not interactive starts a background job (`pytest &`, `nohup ... &`) with SIGINT
+# ignored, and Python then never installs its Ctrl-C handler: every test of what Ctrl-C does
+# would fail, in this process and in the children it starts (an ignored signal survives exec).
+# Give the suite the terminal's default, as a user's script has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
 # Test modules import ray before openenv_gym's Ray backend does: have it read the single-machine
 # setting anyway, so the local clusters the tests start bind 127.0.0.1 (openenv_gym.vector.ray).
