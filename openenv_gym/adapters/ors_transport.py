@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import functools
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
@@ -289,6 +288,32 @@ def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=t.connect + t.read, sock_connect=t.connect, sock_read=t.read)
 
 
+class _ErrorBoundary:
+    """:meth:`ORSTransport.errors`: a class rather than ``contextlib.asynccontextmanager``, whose
+    generator per use costs more than the rest of a tool call's own work."""
+
+    __slots__ = ("_link", "_what", "_task")
+
+    def __init__(self, link: ORSTransport, what: str):
+        self._link, self._what = link, what
+        self._task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> None:
+        task = self._task = asyncio.current_task()
+        if task is not None:
+            self._link._inflight.add(task)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        task = self._task
+        try:
+            translated = None if exc is None else await self._link._translate(exc, self._what, task)
+            if translated is not None:  # otherwise ``exc`` propagates as it is
+                raise translated from None
+        finally:
+            if task is not None:
+                self._link._inflight.discard(task)
+
+
 class ORSTransport:
     """Requests and tool-call streams to one ORS server, every failure a typed error.
 
@@ -353,27 +378,11 @@ class ORSTransport:
         await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def errors(self, what: str) -> AsyncIterator[None]:
-        """Translate every foreign exception raised inside into an :mod:`openenv_gym.errors` error."""
-        task = self._track()
-        try:
-            yield
-        except BaseException as exc:
-            translated = await self._translate(exc, what, task)
-            if translated is None:
-                raise
-            raise translated from None
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
-
-    def _track(self) -> asyncio.Task[Any] | None:
-        """Count the running task as a call in flight (:meth:`aclose` ends those)."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
-        return task
+    def errors(self, what: str) -> _ErrorBoundary:
+        """``async with`` it: every foreign exception raised inside becomes an
+        :mod:`openenv_gym.errors` error, and the task counts as a call in flight (:meth:`aclose`
+        ends those)."""
+        return _ErrorBoundary(self, what)
 
     async def _translate(self, exc: BaseException, what: str, task: asyncio.Task[Any] | None) -> BaseException | None:
         """The :mod:`openenv_gym.errors` error for ``exc``, raised while doing ``what``; ``None``
@@ -514,10 +523,7 @@ class ORSTransport:
         body: dict[str, Any] = {"name": name, "input": arguments or {}}
         what = f"tool {name!r}"
         content = encode(body, f"the arguments of tool {name!r}")
-        # :meth:`errors`, inline: its generator-based context manager costs more per call than
-        # the rest of this method's own work
-        task = self._track()
-        try:
+        async with self.errors(what):
             for attempt in range(resume_attempts + 1):
                 if task_id is not None:
                     body["task_id"] = task_id
@@ -578,7 +584,7 @@ class ORSTransport:
                             if outcome is None:
                                 raise _StreamEnded("the tool-call stream ended before its result")
                         elif not stream.at_eof():
-                            await self._finish(response, task)
+                            await self._finish(response)
                         return outcome
                 except _Retry503 as exc:
                     last_exc = exc
@@ -595,14 +601,6 @@ class ORSTransport:
                     last_exc = exc
                     await asyncio.sleep(backoff.delay(attempt))
             raise last_exc or _StreamEnded("no attempt made")
-        except BaseException as exc:
-            translated = await self._translate(exc, what, task)
-            if translated is None:
-                raise
-            raise translated from None
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
 
     async def _waited(self, awaitable: Awaitable[T], what: str, limit: float | None = None) -> T:
         """``awaitable``, a wait on the server, cut off after ``limit`` (default: ``read_timeout``)."""
@@ -615,7 +613,7 @@ class ORSTransport:
     def _result(self, data: str) -> RunToolResult:
         return decode_within_depth(_result_decoder, data, self.limits.json_depth)
 
-    async def _finish(self, response: aiohttp.ClientResponse, task: asyncio.Task[Any] | None) -> None:
+    async def _finish(self, response: aiohttp.ClientResponse) -> None:
         """Wait briefly for a tool-call stream to end after its result; drop the connection otherwise.
 
         The end of the stream usually arrives with the result. Reading it lets the connection be
@@ -623,12 +621,9 @@ class ORSTransport:
         the stream open, or sends more, is cut off after :data:`END_GRACE` seconds.
         """
         try:
-            if task is None:  # not in a task (no deadline can cancel it): do not wait at all
-                rest = b""
-            else:
-                # The transport's shared deadlines, not a timer of this call's own: the end of
-                # nearly every tool call's stream is awaited here.
-                rest = await self._deadlines.within(response.content.readany(), END_GRACE, "the stream's end", "END_GRACE")
+            # The transport's shared deadlines, not a timer of this call's own: the end of nearly
+            # every tool call's stream is awaited here.
+            rest = await self._deadlines.within(response.content.readany(), END_GRACE, "the stream's end", "END_GRACE")
             if rest or not response.content.at_eof():
                 response.close()
         except (BackendTimeout, aiohttp.ClientError, OSError):
