@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -83,8 +84,11 @@ class _Parts:
 
     def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
         here: list[Result] = []
+        deadline = None if limit is None else time.monotonic() + limit
         for part in self.parts:
-            results = part.backend.settle(all_needed, limit)
+            # The parts share the caller's limit: each waits only for what is left of it.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            results = part.backend.settle(all_needed, left)
             if results:
                 here += [self._tagged(part, r) for r in results]
         return here or None

@@ -62,11 +62,13 @@ class Handle(abc.ABC):
         :meth:`run` and :meth:`wait_begun` then take, or ``None`` (the call starts in :meth:`run`)."""
         return None
 
-    def wait_begun(self, begun: list[Any], limit: float) -> list[Result] | None:
+    def wait_begun(self, begun: list[Any], limit: float) -> list[list[Result] | None]:
         """Wait on the caller's thread, up to ``limit`` s, for calls :meth:`begin` started on
-        handles of this class; their results, or ``None`` if not all are in by then or one failed
-        (the calls are then followed up on the loop by :meth:`run`, which reports any failure)."""
-        return None
+        handles of this class; per call, its results, or ``None`` if it is not in by then or
+        failed (such a call is followed up on the loop by :meth:`run`, which reports any failure).
+        The calls that are in count even when others are not: a fast sub-env's answer is never
+        held back by a slow one's."""
+        return [None] * len(begun)
 
     @abc.abstractmethod
     async def run(self, payload: Any, deliver: Callable[[Result], None], begun: Any = None) -> None:

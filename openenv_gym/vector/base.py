@@ -25,6 +25,7 @@ import copy
 import enum
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -90,8 +91,9 @@ class VectorBackend(Protocol):
         """Start ``ops`` (one per sub-env), from the caller's thread; returns once they are out."""
 
     def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
-        """Follow up calls :meth:`send` left to the caller's thread: the results if it waited for
-        them (``all_needed``), else ``None`` once they are handed to the loop."""
+        """Follow up calls :meth:`send` left to the caller's thread: if it waited for them
+        (``all_needed``, up to ``limit`` s), the results that came in (the rest go to the loop),
+        else ``None`` once they are all handed to the loop."""
 
     async def cancel(self, env_ids: Iterable[int]) -> None:
         """Stop waiting for these sub-envs' ops (their results would be dropped)."""
@@ -322,20 +324,25 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         if self._accept(result) and self._arrived is not None and len(self._arrivals) >= self._want:
             self._arrived.set()
 
-    async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None) -> list[int]:
+    async def _wait(self, env_ids: set[int] | None, count: int, timeout: float | None,
+                    deadline: float | None = None) -> list[int]:
         """Wait until ``count`` results are ready (from ``env_ids`` if given); their ids, first-ready
-        first. The results stay in place until :meth:`_collect` takes them."""
+        first. The results stay in place until :meth:`_collect` takes them.
+
+        ``deadline``: the ``time.monotonic()`` by which to give up (default: ``timeout`` s from
+        now); ``timeout`` names the limit in the error.
+        """
         if self._arrived is None:
             self._arrived = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
         while True:
             ready = list(self._arrivals) if env_ids is None else [i for i in self._arrivals if i in env_ids]
             if len(ready) >= count:
                 return ready[:count]
             self._arrived.clear()
             self._want = len(self._arrivals) + (count - len(ready))
-            remaining = None if deadline is None else deadline - loop.time()
+            remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise BackendTimeout(f"{len(ready)} of {count} sub-env results arrived within the recv "
                                      f"timeout={timeout} s")
@@ -650,9 +657,11 @@ class AgentVectorEnv(gym.vector.VectorEnv):
 
         ``all_needed``: every request in flight is waited for, so calls the backend started on
         this thread may be waited for here, with no hop to the loop (a lockstep step)."""
+        # One budget for both waits: ``timeout`` bounds the whole call, not each half of it.
+        deadline = None if timeout is None else time.monotonic() + timeout
         if all_needed or (env_ids is not None and count == len(self._requested())):
             here = self._backend.settle(True, timeout)
-            if here is not None:  # accepted on this thread: no request of these sub-envs is on the loop
+            if here is not None:  # answers the caller's thread fetched: the loop never sees them
                 for result in here:
                     self._accept(result)
         else:
@@ -660,7 +669,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         ready = list(self._arrivals) if env_ids is None else [i for i in self._arrivals if i in env_ids]
         if len(ready) >= count:
             return ready[:count]
-        return runtime.run_sync(self._wait(env_ids, count, timeout))
+        return runtime.run_sync(self._wait(env_ids, count, timeout, deadline))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call ``name`` on every sub-env's session (or read it, if not callable)."""

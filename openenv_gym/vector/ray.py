@@ -146,19 +146,25 @@ class RayHandle(EncodedHandle):
         # runtime loop to wake up and take the call.
         return self.actor.run_encoded.remote(payload)
 
-    def wait_begun(self, begun: list[Any], limit: float) -> list[Result] | None:
+    def wait_begun(self, begun: list[Any], limit: float) -> list[list[Result] | None]:
         deadline = time.monotonic() + limit
         pending = list(begun)
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                break
             # In slices, so Ctrl-C is seen; the answers are fetched with the wait.
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.1, left))
+        unfinished = set(pending)
+        done = [ref for ref in begun if ref not in unfinished]
         try:
-            return [r for data in ray.get(begun) for r in decode_results(data)]
-        except Exception:  # noqa: BLE001 - the loop's follow-up reports it (a dead actor is replaced there)
-            return None
+            answers = dict(zip(done, ray.get(done)))
+        except Exception:  # noqa: BLE001 - one failed: fetch the others one by one
+            answers = {}
+            for ref in done:
+                with contextlib.suppress(Exception):  # the loop's follow-up reports it (and replaces a dead actor)
+                    answers[ref] = ray.get(ref)
+        return [decode_results(answers[ref]) if ref in answers else None for ref in begun]
 
     async def run(self, payload: bytes, deliver: Callable[[Result], None], begun: Any = None) -> None:
         try:

@@ -170,26 +170,28 @@ class Shards:
         """Follow up the calls :meth:`send` started on this thread (the caller's).
 
         If ``all_needed`` (the caller waits for every request in flight), wait for them here up to
-        ``limit`` s (at most :data:`SETTLE_WAIT`) and return their results; otherwise, or if they
-        are not all in by then, hand them to the loop and return ``None``. Ctrl-C hands them over
-        too, and is raised: nothing is lost.
+        ``limit`` s (at most :data:`SETTLE_WAIT`) and return the results of those that are in by
+        then, handing the rest to the loop; otherwise hand them all to the loop and return
+        ``None``. Ctrl-C hands them all over too, and is raised: nothing is lost.
         """
         held, self._held = self._held, []
         if not held:
             return None
-        if all_needed:
-            wait = SETTLE_WAIT if limit is None else min(limit, SETTLE_WAIT)
-            try:
-                results = held[0].handle.wait_begun([c.begun for c in held], wait)
-            except Exception:  # noqa: BLE001 - the loop's follow-up reports it (a dead shard is replaced there)
-                results = None
-            except BaseException:
-                runtime.post(self._launch, held, [])
-                raise
-            if results is not None:
-                return results
-        runtime.post(self._launch, held, [])
-        return None
+        if not all_needed:
+            runtime.post(self._launch, held, [])
+            return None
+        wait = SETTLE_WAIT if limit is None else min(limit, SETTLE_WAIT)
+        try:
+            answers = held[0].handle.wait_begun([c.begun for c in held], wait)
+        except Exception:  # noqa: BLE001 - the loop's follow-up reports it (a dead shard is replaced there)
+            answers = [None] * len(held)
+        except BaseException:
+            runtime.post(self._launch, held, [])
+            raise
+        rest = [call for call, got in zip(held, answers) if got is None]
+        if rest:
+            runtime.post(self._launch, rest, [])
+        return [result for got in answers if got is not None for result in got]
 
     # -- following calls up (the loop) ---------------------------------------------------------------
     def _launch(self, calls: list[_Call], failures: list[Result]) -> None:

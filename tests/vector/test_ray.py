@@ -351,7 +351,7 @@ def test_close_mid_rollout_leaves_no_actor_and_no_server(cluster):
 def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
     probe = str(Path(__file__).parents[1] / "envs" / "ors_probe.py")
     envs = gym.make_vec("openenv/ORS-v0", num_envs=2, source=probe, env_class="Probe", backend="ray",
-                        step_timeout=1.0, vector_options={"num_actors": 2})
+                        step_timeout=2.0, vector_options={"num_actors": 2})
     hint = call("hint", {})
     stopped = None
     try:
@@ -364,13 +364,18 @@ def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
         obs, *_ = envs.step([hint, hint])  # sub-env 0 comes back with a new episode
         assert "What is" in obs[0][0]["content"] and obs[1][0]["content"] == "Think step by step."
 
-        # a request abandoned by step_wait(timeout) is cancelled in its actor: no late reply at all
-        envs.step_async([hint, call("slow", {"seconds": 0.8})])
+        # step_wait(timeout) bounds the whole wait (the caller's own wait on the actors included),
+        # and the request it abandons is cancelled in its actor: no late reply at all
+        envs.step_async([hint, call("slow", {"seconds": 5.0})])
+        start = time.monotonic()
         with pytest.raises(openenv_gym.errors.BackendTimeout):
-            envs.step_wait(timeout=0.3)
+            envs.step_wait(timeout=0.8)
+        assert time.monotonic() - start < 1.4  # not 0.8 s on the caller's thread, then 0.8 s more
         obs, _, _, _, infos = envs.step([hint, hint])
         assert "What is" in obs[1][0]["content"] and infos["error"]["type"][1] == "BackendTimeout"
-        time.sleep(1.0)  # long after the abandoned op would have answered
+        # only the slow sub-env was abandoned: the fast one's answer was not held back by it
+        assert obs[0][0]["content"] == "Think step by step." and infos["_error"].tolist() == [False, True]
+        time.sleep(2.0)  # past the step_timeout at which the abandoned op would have answered
         obs, *_ = envs.step([hint, hint])
         assert [o[0]["content"] for o in obs] == ["Think step by step."] * 2
         assert envs.late_results == 0
@@ -382,7 +387,7 @@ def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
         os.kill(stopped, signal.SIGSTOP)
         start = time.monotonic()
         obs, _, _, truncated, infos = envs.step([hint, hint])
-        assert time.monotonic() - start < 1.0 + HUNG_GRACE + PING_TIMEOUT + 3
+        assert time.monotonic() - start < 2.0 + HUNG_GRACE + PING_TIMEOUT + 3
         assert truncated.tolist() == [False, True] and infos["_error"].tolist() == [False, True]
         assert infos["error"]["type"][1] == "BackendTimeout" and "replaced" in infos["error"]["message"][1]
         assert obs[0][0]["content"] == "Think step by step."
