@@ -2,10 +2,13 @@
 the native server of its ecosystem, over both protocols, in env-steps/s.
 
 * **ORS**: the bundled Arithmetic env. *Served*: ``openenv-gym serve openenv/Arithmetic-v0
-  --protocol ors``. *Native*: ors-sdk's own ``Server`` serving the same class
-  (``python openenv_gym/examples/arithmetic.py PORT``). Both driven by one raw ORS client on
-  aiohttp (the same requests: ``/create``, ``/prompt``, two ``/call`` streams, ``/delete`` per
-  episode), so the figure is the servers'. *Direct*: ``gym.make("openenv/Arithmetic-v0")`` (and
+  in_process=true --protocol ors``: the env class runs in the gateway's process, as ors-sdk's own
+  ``Server`` runs it. *Served over its server*: the same without ``in_process``: the gateway's ORS
+  adapter over the env's own local server, a second HTTP hop per request (shown for scale).
+  *Native*: ors-sdk's own ``Server`` serving the same class (``python
+  openenv_gym/examples/arithmetic.py PORT``). All driven by one raw ORS client on aiohttp (the same
+  requests: ``/create``, ``/prompt``, two ``/call`` streams, ``/delete`` per episode), so the
+  figure is the servers'. *Direct*: ``gym.make("openenv/Arithmetic-v0", in_process=True)`` (and
   ``gym.make_vec`` of 64, first-ready batches of 16) in this process.
 * **OpenEnv**: the MCP echo env of ``tests/envs/openenv_echo_env``. *Served*: ``openenv-gym serve
   openenv/OpenEnv-v0 source=... --protocol openenv``. *Native*: OpenEnv's ``create_app`` server of
@@ -20,8 +23,8 @@ per-round ratios (served / native, served / direct) with their min and max.
 
     python benchmarks/serve_bench.py [--seconds 4] [--rounds 5] [--sessions 64] [--only ors,openenv] [--json out.json]
 
-The served env is a second hop by construction: the served Arithmetic env is the ORS adapter over
-the env's own local server, so a served request is the gateway's work plus the adapter's round trip
+The served OpenEnv env is a second hop by construction: the OpenEnv adapter over the env's own
+local server, so a served request is the gateway's work plus the adapter's round trip
 (docs/architecture.md, "Serving").
 """
 
@@ -303,13 +306,17 @@ def ratios(name: str, a: list[float], b: list[float]) -> list[float]:
 
 def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """One protocol: single and concurrent, served vs native vs direct, in alternating rounds."""
+    extra: list[subprocess.Popen] = []
     if kind == "ors":
-        served_proc, served_url = start_served("openenv/Arithmetic-v0", "ors", args.sessions)
+        served_proc, served_url = start_served("openenv/Arithmetic-v0", "ors", args.sessions, "in_process=true")
+        hop_proc, hop_url = start_served("openenv/Arithmetic-v0", "ors", args.sessions)
+        extra.append(hop_proc)
         native_proc, native_url = start_native_ors()
-        env = gym.make("openenv/Arithmetic-v0")
-        envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=args.sessions, autoreset_mode="SameStep")
+        env = gym.make("openenv/Arithmetic-v0", in_process=True)
+        envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=args.sessions, autoreset_mode="SameStep", in_process=True)
         sides: dict[str, Callable[[int, int], tuple[float, int]]] = {
             "served": lambda c, o: asyncio.run(ors_rate(served_url, HEADERS, c, args.seconds, o)),
+            "served_over_server": lambda c, o: asyncio.run(ors_rate(hop_url, HEADERS, c, args.seconds, o)),
             "native": lambda c, o: asyncio.run(ors_rate(native_url, {}, c, args.seconds, o))}
     else:
         served_proc, served_url = start_served("openenv/OpenEnv-v0", "openenv", args.sessions, f"source={ECHO}")
@@ -341,6 +348,8 @@ def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         envs.close()
         stop(served_proc)
         stop(native_proc)
+        for proc in extra:
+            stop(proc)
     out: dict[str, Any] = {"rates": rates, "cpu_us_per_step": cpu}
     for case in cases:
         label = "single client" if case == "single" else f"{args.sessions} concurrent sessions"
@@ -348,6 +357,9 @@ def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         out[f"{case}_vs_native"] = ratios("env-steps/s served / native", rates[case]["served"], rates[case]["native"])
         out[f"{case}_vs_direct"] = ratios("env-steps/s served / direct", rates[case]["served"], rates[case]["direct"])
         out[f"{case}_cpu_vs_native"] = ratios("CPU per env-step native / served", cpu[case]["native"], cpu[case]["served"])
+        if "served_over_server" in sides:
+            out[f"{case}_hop_vs_native"] = ratios("env-steps/s served over its server / native",
+                                                  rates[case]["served_over_server"], rates[case]["native"])
     return out
 
 
@@ -362,7 +374,7 @@ def main() -> None:
     from figures import figure, write
 
     figures, details = [], {}
-    names = {"ors": ("ORS", "ors-sdk's Server", "Arithmetic"), "openenv": ("OpenEnv", "OpenEnv's create_app", "echo env")}
+    names = {"ors": ("ORS", "ors-sdk's Server", "Arithmetic, in_process=true"), "openenv": ("OpenEnv", "OpenEnv's create_app", "echo env")}
     for kind in args.only.split(","):
         result = run_case(kind, args)
         details[kind] = result
@@ -380,6 +392,11 @@ def main() -> None:
                                        f"native {statistics.median(cpu['native']):.0f} us"))
             figures.append(figure(f"{proto} served vs gym.make of the same id, {label}, env-steps/s",
                                   result[f"{case}_vs_direct"]))
+            if f"{case}_hop_vs_native" in result:
+                figures.append(figure(
+                    f"{proto} served over the env's own server (no in_process) vs {native}, {label}, env-steps/s",
+                    result[f"{case}_hop_vs_native"],
+                    note=f"served over its server {statistics.median(rates['served_over_server']):.0f} env-steps/s"))
     write(args.json, figures, {"details": details, "args": {k: v for k, v in vars(args).items() if k != "json"}})
 
 

@@ -21,7 +21,9 @@ time of its last request), and calls the public methods of :class:`ORSAdapter`, 
 protocol. Where requests go (a remote ``url``, or a local ``source`` served privately in
 ``server_workers`` processes, each session routed to the one that created it) and the adapter's
 lifecycle are an :class:`~openenv_gym.adapters.local_servers.Endpoint`; every HTTP/SSE call and
-the translation of its failures live in :mod:`openenv_gym.adapters.ors_transport`.
+the translation of its failures live in :mod:`openenv_gym.adapters.ors_transport`. With
+``in_process=True`` an ors-sdk source's class answers the same calls in this process
+(:mod:`openenv_gym.adapters.ors_inprocess`), so the episode logic here is one code for both.
 """
 
 from __future__ import annotations
@@ -43,14 +45,12 @@ from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
 from openenv_gym.adapters.local_servers.group import Server
+from openenv_gym.adapters.ors_inprocess import InProcessORS, load_class
 from openenv_gym.adapters.ors_transport import (
     Block as _Block,
 )
 from openenv_gym.adapters.ors_transport import (
     ListTools as _ListTools,
-)
-from openenv_gym.adapters.ors_transport import (
-    MessageWire as _MessageWire,
 )
 from openenv_gym.adapters.ors_transport import (
     NotJSON,
@@ -59,16 +59,7 @@ from openenv_gym.adapters.ors_transport import (
     encode,
 )
 from openenv_gym.adapters.ors_transport import (
-    NumTasks as _NumTasks,
-)
-from openenv_gym.adapters.ors_transport import (
     RunToolResult as _RunToolResult,
-)
-from openenv_gym.adapters.ors_transport import (
-    SplitWire as _SplitWire,
-)
-from openenv_gym.adapters.ors_transport import (
-    TaskWire as _TaskWire,
 )
 from openenv_gym.adapters.ors_transport import (
     TerminalTool as _TerminalTool,
@@ -80,6 +71,9 @@ from openenv_gym.errors import BackendError, ConfigurationError, SourceNotFound
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["ORSAdapter", "ORSEpisode", "blocks_to_content"]
+
+ORSLink = ORSTransport | InProcessORS
+"""Where a session's calls go: a server over HTTP, or the env class run in this process (``in_process``)."""
 
 CLOSE_TIMEOUT = 1.0
 """Seconds ``aclose`` waits for the last sessions' ``/delete`` (a hung server must not hold it up;
@@ -110,7 +104,12 @@ class ORSAdapter(ServerReport, Adapter):
     Args:
         url: base URL of a running ORS server, ``http(s)://host[:port]``, or ``unix:<path>`` for
             one listening on a Unix socket.
-        source: a local file or folder defining the Environment class (served in a subprocess).
+        source: a local file or folder defining the Environment class (served in a subprocess,
+            or run in this process with ``in_process``).
+        in_process: run an ors-sdk class from ``source`` in this process, on the runtime loop,
+            instead of serving it in a subprocess (:mod:`~openenv_gym.adapters.ors_inprocess`):
+            no HTTP round trip per call, but no process boundary either (a tool that blocks holds
+            up the loop, as it holds up the SDK's own server). Not with ``url=``.
         env_class: the class to serve from ``source`` (required when it defines several).
         module_file: the file under ``source`` that defines ``env_class`` (found statically if not given).
         env_name: the environment on the server (default: the server's first; sent explicitly).
@@ -172,10 +171,18 @@ class ORSAdapter(ServerReport, Adapter):
         expected_sessions: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        in_process: bool = False,
     ):
         super().__init__()
         if (url is None) == (source is None):
             raise ConfigurationError("give exactly one of url= (a running ORS server) or source= (a local file or folder)")
+        if not isinstance(in_process, bool):
+            raise ConfigurationError(f"in_process must be True or False, not {in_process!r}")
+        if in_process and url is not None:
+            raise ConfigurationError("in_process=True runs a local source= in this process; a url= is a server elsewhere")
+        if in_process and server_python is not None:
+            raise ConfigurationError("server_python= is the interpreter of a source's server; in_process=True starts "
+                                     "none (gym.make(id, python=...) runs the whole adapter under another interpreter)")
         if listen not in local_servers.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
         self.server_workers = local_servers.check_workers(server_workers)
@@ -196,9 +203,11 @@ class ORSAdapter(ServerReport, Adapter):
         self.ping_interval = ping_interval
         self.startup_timeout = startup_timeout
         self.resume_attempts = resume_attempts
+        self.in_process = in_process
+        self._here: InProcessORS | None = None
         self.flavour = "ors"
         self.terminal_tool: _TerminalTool | None = None
-        self.endpoint: Endpoint[ORSTransport] = Endpoint("ORS", self._link)
+        self.endpoint: Endpoint[ORSLink] = Endpoint("ORS", self._link)
         self._tools: list[ToolSpec] = []
         self._secret_header: str | None = None
         self._live: set[ORSEpisode] = set()  # episodes holding a session: pinged, deleted at close
@@ -212,19 +221,25 @@ class ORSAdapter(ServerReport, Adapter):
         if self._secrets:
             payload = {k: {"value": v} for k, v in self._secrets.items()}
             self._secret_header = base64.b64encode(encode(payload, "secrets")).decode()
-        if self.source is not None:
+        if self.source is not None and self.in_process:
+            self._here = InProcessORS(load_class(*self._locate()))
+            self.endpoint.open_here(self._here.url)
+        elif self.source is not None:
             await self._launch()
         else:
             self.endpoint.open_remote(self.url or "")
         await self._discover()
 
-    def _link(self, server: Server) -> ORSTransport:
-        """The transport to one server (a remote URL, or a worker of the local server)."""
+    def _link(self, server: Server) -> ORSLink:
+        """The transport to one server (a remote URL, or a worker of the local server), or the env here."""
+        if self._here is not None:
+            return self._here
         local = isinstance(server, Worker)
         return ORSTransport(server.url, timeouts=self.timeouts, headers={**self._headers, **server.auth_headers()},
                             local=local, exit_note=server.exit_note, limits=self.limits)
 
-    async def _launch(self) -> None:
+    def _locate(self) -> tuple[str, str, str]:
+        """The source's root folder, the file under it that defines the class, and the class (detected if not given)."""
         assert self.source is not None
         if not self.source.exists():
             raise SourceNotFound(f"ORS source {self.source} does not exist")
@@ -235,15 +250,18 @@ class ORSAdapter(ServerReport, Adapter):
             self.module_file, self.env_class = found.module_file, found.env_class
             self.env_name = self.env_name or found.env_name
         root = self.source if self.source.is_dir() else self.source.parent
-        launch = local_servers.Launch(root, self.module_file or self.source.name, self.env_class or "",
-                                      self.python or sys.executable, self.listen,
+        return str(root), self.module_file or self.source.name, self.env_class or ""
+
+    async def _launch(self) -> None:
+        root, module_file, env_class = self._locate()
+        launch = local_servers.Launch(Path(root), module_file, env_class, self.python or sys.executable, self.listen,
                                       startup_timeout=self.startup_timeout, label="ORS server")
         workers = self.server_workers or local_servers.default_workers(self.expected_sessions)
         await self.endpoint.open_local(launch, workers=workers, expected_sessions=self.expected_sessions)
 
     async def _discover(self) -> None:
         link = self.endpoint.link()
-        envs = await link.request("GET", "/list_environments", decode=list[str])
+        envs = await link.environments()
         if self.env_name is None:
             if not envs:
                 raise ConfigurationError("the ORS server lists no environments")
@@ -251,9 +269,8 @@ class ORSAdapter(ServerReport, Adapter):
         elif self.env_name not in envs:
             raise ConfigurationError(f"the ORS server has no environment {self.env_name!r}; it has {envs}")
         # /version exists only on openreward servers: that decides where secrets go.
-        version = await link.request("GET", "/version", check=False)
-        self.flavour = "openreward" if version.status_code == 200 else "ors"
-        wire = await link.request("GET", f"/{self.env_name}/tools", decode=_ListTools)
+        self.flavour = "openreward" if await link.is_openreward() else "ors"
+        wire = await link.tools(self.env_name)
         self._tools = _tool_specs(wire)
         self.terminal_tool = wire.terminal_tool
 
@@ -285,19 +302,20 @@ class ORSAdapter(ServerReport, Adapter):
         return list(self._tools)
 
     async def _fetch_splits(self) -> list[Split]:
-        raw = await self.endpoint.link().request("GET", f"/{self.env_name}/splits", decode=list[_SplitWire | str])
+        raw = await self.endpoint.link().splits(self._env())
         return [Split(s, s if s in ("train", "validation", "test") else "validation") if isinstance(s, str)
                 else Split(s.name, s.type) for s in raw]
 
     async def _fetch_num_tasks(self, split: str) -> int:
-        body = {"split": split}
-        wire = await self.endpoint.link().request("POST", f"/{self.env_name}/num_tasks", body=body, decode=_NumTasks)
-        return wire.num_tasks
+        return await self.endpoint.link().num_tasks(self._env(), split)
 
     async def task(self, split: str, index: int) -> dict[str, Any]:
-        body = {"split": split, "index": index}
-        return (await self.endpoint.link().request("POST", f"/{self.env_name}/task", body=body,
-                                                   decode=_TaskWire)).task
+        return await self.endpoint.link().task(self._env(), split, index)
+
+    def _env(self) -> str:
+        if self.env_name is None:
+            raise BackendError("the ORS adapter is not started")
+        return self.env_name
 
     # -- session calls (what ORSEpisode uses) ----------------------------------------------------
     def _create_body(self, task: TaskRef) -> dict[str, Any]:
@@ -323,28 +341,23 @@ class ORSAdapter(ServerReport, Adapter):
         with contextlib.ExitStack() as undo:
             undo.enter_context(lease)  # given back unless the session was created
             headers = {"X-Secrets": self._secret_header} if self._secret_header else None
-            await endpoint.link(lease.server).request(
-                "POST", "/create", body=self._create_body(task), sid=sid, headers=headers, idempotent=False)
+            await endpoint.link(lease.server).create(sid, self._create_body(task), headers)
             undo.pop_all()
         return lease
 
-    async def opening(self, link: ORSTransport, sid: str) -> tuple[list[Message], list[ToolSpec]]:
+    async def opening(self, link: ORSLink, sid: str) -> tuple[list[Message], list[ToolSpec]]:
         """The opening messages and the tools of session ``sid`` (prompt or messages, and task tools)."""
-        env = self.env_name
+        env = self._env()
+        messages: list[Message]
         if self.flavour == "openreward":
-            prompt_req = link.request("GET", f"/{env}/messages", sid=sid, decode=list[_MessageWire])
+            wire, task_tools = await asyncio.gather(link.messages(env, sid), link.task_tools(env, sid))
+            messages = [{"role": m.role, "content": blocks_to_content(m.blocks)} for m in wire]
         else:
-            prompt_req = link.request("GET", f"/{env}/prompt", sid=sid, decode=list[_Block])
-        prompt, task_tools = await asyncio.gather(
-            prompt_req, link.request("GET", f"/{env}/task_tools", sid=sid, decode=_ListTools)
-        )
-        if self.flavour == "openreward":
-            messages: list[Message] = [{"role": m.role, "content": blocks_to_content(m.blocks)} for m in prompt]
-        else:
+            prompt, task_tools = await asyncio.gather(link.prompt(env, sid), link.task_tools(env, sid))
             messages = [user_message(blocks_to_content(prompt))]
         return messages, _tool_specs(task_tools)
 
-    async def call_tool(self, link: ORSTransport, sid: str, name: str,
+    async def call_tool(self, link: ORSLink, sid: str, name: str,
                         arguments: dict[str, Any] | None) -> _RunToolResult | str:
         """Run a tool; returns the server's result, or the text of an SSE ``error`` event.
 
@@ -358,7 +371,7 @@ class ORSAdapter(ServerReport, Adapter):
         # One shared timer for every call of the adapter's sessions, not one per call; a limit of
         # the transport that fires (read_timeout) keeps its own message.
         return await self._deadlines.within(
-            link.call_tool(f"/{self.env_name}/call", sid, name, arguments, resume_attempts=self.resume_attempts),
+            link.call_tool(self._env(), sid, name, arguments, resume_attempts=self.resume_attempts),
             self.call_timeout, f"tool {name!r}", "call_timeout")
 
     # -- session keep-alive and teardown ---------------------------------------------------------
@@ -368,7 +381,7 @@ class ORSAdapter(ServerReport, Adapter):
             return
         episode.last_active = time.monotonic()
         self._live.add(episode)
-        if self._pinger is None and self.ping_interval > 0:
+        if self._pinger is None and self.ping_interval > 0 and self._here is None:
             self._pinger = asyncio.get_running_loop().create_task(self._ping_loop())
 
     def end_session(self, episode: ORSEpisode) -> None:
@@ -402,10 +415,11 @@ class ORSAdapter(ServerReport, Adapter):
             await asyncio.sleep(interval / 4)
             now = time.monotonic()
             for episode in list(self._live):
-                if now - episode.last_active >= interval and episode in self._live and episode.link is not None:
+                link, sid = episode.link, episode.sid
+                if now - episode.last_active >= interval and episode in self._live and link is not None and sid:
                     episode.last_active = now
                     try:
-                        await episode.link.request("POST", "/ping", sid=episode.sid, check=False)
+                        await link.ping(sid)
                     except BackendError:
                         pass  # the next real request reports the failure with its context
 
@@ -418,7 +432,7 @@ class ORSEpisode(Episode):
         self.sid: str | None = None
         self.lease: Lease | None = None
         """The session's place: the server it lives on (every request of the session goes there)."""
-        self.link: ORSTransport | None = None
+        self.link: ORSLink | None = None
         self.last_active = 0.0
         """Monotonic time of the session's last request (the adapter pings it when idle)."""
         self.finished = False

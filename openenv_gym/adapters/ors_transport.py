@@ -506,8 +506,45 @@ class ORSTransport:
         except (aiohttp.ClientError, OSError, TimeoutError, BackendError, RuntimeError):
             pass  # the server's reaper ends the session after 900 s idle
 
+    # -- the ORS routes the adapter uses (an env run in this process answers the same calls:
+    # -- openenv_gym.adapters.ors_inprocess) --------------------------------------------------------
+    async def environments(self) -> list[str]:
+        return await self.request("GET", "/list_environments", decode=list[str])
+
+    async def is_openreward(self) -> bool:
+        """True for an openreward server (only it has ``/version``): that decides where secrets go."""
+        return (await self.request("GET", "/version", check=False)).status_code == 200
+
+    async def tools(self, env: str) -> ListTools:
+        return await self.request("GET", f"/{env}/tools", decode=ListTools)
+
+    async def splits(self, env: str) -> list[SplitWire | str]:
+        return await self.request("GET", f"/{env}/splits", decode=list[SplitWire | str])
+
+    async def num_tasks(self, env: str, split: str) -> int:
+        return (await self.request("POST", f"/{env}/num_tasks", body={"split": split}, decode=NumTasks)).num_tasks
+
+    async def task(self, env: str, split: str, index: int) -> dict[str, Any]:
+        return (await self.request("POST", f"/{env}/task", body={"split": split, "index": index}, decode=TaskWire)).task
+
+    async def create(self, sid: str, body: dict[str, Any], headers: dict[str, str] | None) -> None:
+        """``POST /create`` (retried only where it cannot have run)."""
+        await self.request("POST", "/create", body=body, sid=sid, headers=headers, idempotent=False)
+
+    async def prompt(self, env: str, sid: str) -> list[Block]:
+        return await self.request("GET", f"/{env}/prompt", sid=sid, decode=list[Block])
+
+    async def messages(self, env: str, sid: str) -> list[MessageWire]:
+        return await self.request("GET", f"/{env}/messages", sid=sid, decode=list[MessageWire])
+
+    async def task_tools(self, env: str, sid: str) -> ListTools:
+        return await self.request("GET", f"/{env}/task_tools", sid=sid, decode=ListTools)
+
+    async def ping(self, sid: str) -> None:
+        await self.request("POST", "/ping", sid=sid, check=False)
+
     async def call_tool(
-        self, path: str, sid: str, name: str, arguments: dict[str, Any] | None, *, resume_attempts: int
+        self, env: str, sid: str, name: str, arguments: dict[str, Any] | None, *, resume_attempts: int
     ) -> RunToolResult | str:
         """Run a tool; returns the server's result, or the text of an SSE ``error`` event.
 
@@ -515,6 +552,7 @@ class ORSTransport:
         that id (the server replays the result without running the tool again). Raises
         :class:`NotJSON` before sending anything if ``arguments`` cannot be JSON.
         """
+        path = f"/{env}/call"
         headers = {"X-Session-ID": sid, **_SSE}
         task_id: str | None = None
         outcome: RunToolResult | str | None = None

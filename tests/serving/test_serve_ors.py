@@ -22,9 +22,12 @@ from serve_helpers import ARITHMETIC, PROBE, call, expression, serve_process, st
 import openenv_gym  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def arith():
-    served = start_serve(ARITHMETIC, "--max-sessions", "16")
+@pytest.fixture(scope="module", params=["server", "in_process"])
+def arith(request):
+    """The served Arithmetic env: over its own ORS server, and (``in_process=true``) run in the
+    gateway's process; every test that uses it must hold for both."""
+    extra = ["in_process=true"] if request.param == "in_process" else []
+    served = start_serve(ARITHMETIC, *extra, "--max-sessions", "16")
     yield served
     assert served.stop() == 0
     assert "stopped" in served.output()

@@ -19,7 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from openenv_gym.adapters.local_servers import group as groups
 from openenv_gym.adapters.local_servers.group import Lease, RemoteServers, Server, ServerGroup, Servers
 from openenv_gym.adapters.local_servers.processes import Launch
-from openenv_gym.errors import BackendUnavailable
+from openenv_gym.errors import BackendUnavailable, ConfigurationError
 
 __all__ = ["Endpoint", "Link", "ServerReport"]
 
@@ -57,6 +57,8 @@ class Endpoint(Generic[L]):
         self._links: dict[Any, L] = {}
         self._heal_lock: asyncio.Lock | None = None
         self._launch: tuple[Launch, int, int | None] | None = None
+        self.here = False
+        """True for an env run in this process (:meth:`open_here`)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -78,6 +80,14 @@ class Endpoint(Generic[L]):
         self.check_open()
         self._state = _State.OPEN
         self.servers = RemoteServers(url, f"{self.label} server")
+
+    def open_here(self, name: str) -> None:
+        """Use an env run in this process (``name`` stands for its address): one "server", no
+        process, nothing another client could reach."""
+        self.check_open()
+        self._state = _State.OPEN
+        self.servers = RemoteServers(name, f"{self.label} environment in this process")
+        self.here = True
 
     async def open_local(self, launch: Launch, *, workers: int, expected_sessions: int | None) -> None:
         """Launch (or share) the workers serving ``launch``; see :func:`~.group.acquire`."""
@@ -196,6 +206,9 @@ class Endpoint(Generic[L]):
 
     def connection(self, headers: dict[str, str]) -> dict[str, Any]:
         """``url`` and ``headers`` another client needs (the first server's; a local token is a secret)."""
+        if self.here:
+            raise ConfigurationError(f"the {self.label} environment runs in this process: there is no server "
+                                     "another client could reach (serve it with `openenv-gym serve`)")
         server = self._servers().workers[0]
         return {"url": server.url, "headers": {**headers, **server.auth_headers()}}
 
