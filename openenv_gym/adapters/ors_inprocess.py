@@ -128,18 +128,26 @@ class _Tool(typing.NamedTuple):
 def _tool(fn: Callable[..., Any], output: type, model_base: type) -> _Tool | None:
     """``fn`` with the pydantic model of its one parameter, or ``None`` if it is not a tool by the
     SDK's rule (no parameter, or one pydantic model; annotated to return ``ToolOutput``)."""
-    real = inspect.unwrap(fn)
+    is_tool, model = _shape(getattr(fn, "__func__", fn), output, model_base)
+    return _Tool(fn, model) if is_tool else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape(function: Callable[..., Any], output: type, model_base: type) -> tuple[bool, type | None]:
+    """Whether a function is a tool, and its parameter model (``None``: it takes none); read once
+    per function (``get_type_hints`` costs more than the call itself)."""
+    real = inspect.unwrap(function)
     try:
         params = [p for p in inspect.signature(real).parameters.values() if p.name != "self"]
         hints = typing.get_type_hints(real, include_extras=True)
     except (TypeError, ValueError, NameError):
-        return None
+        return False, None
     if hints.get("return") is not output or len(params) > 1:
-        return None
+        return False, None
     if not params:
-        return _Tool(fn, None)
+        return True, None
     model = hints.get(params[0].name)
-    return _Tool(fn, model) if isinstance(model, type) and issubclass(model, model_base) else None
+    return (True, model) if isinstance(model, type) and issubclass(model, model_base) else (False, None)
 
 
 async def _maybe_await(value: Any) -> Any:
