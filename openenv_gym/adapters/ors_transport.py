@@ -38,12 +38,17 @@ sent. Errors the code raises on purpose (all from :mod:`openenv_gym.errors`) pas
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import functools
+import netrc
+import os
 import ssl
+import urllib.request
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import httpx
@@ -283,6 +288,54 @@ _JSON = {"Content-Type": "application/json"}
 _SSE = {"Accept": "text/event-stream", "Content-Type": "application/json"}
 
 
+def _basic(login: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
+
+
+class FromEnvironment(NamedTuple):
+    """What aiohttp's ``trust_env`` would read for a server, read once (:func:`from_environment`)."""
+
+    headers: dict[str, str]
+    """``Authorization`` from ``.netrc`` and a plain-HTTP proxy's ``Proxy-Authorization``, for every request."""
+    request: dict[str, Any]
+    """``proxy`` and ``proxy_headers``, for every request."""
+
+
+def from_environment(url: str, headers: Mapping[str, str] | None) -> FromEnvironment:
+    """What aiohttp's ``trust_env`` reads for ``url``, read once: the proxy of its scheme
+    (``HTTP(S)_PROXY``, unless ``NO_PROXY`` bypasses the host; credentials in its URL become
+    ``Proxy-Authorization``) and the host's ``.netrc`` credentials (``NETRC`` or ``~/.netrc``; not
+    when the headers authorize already). Why: with ``trust_env`` aiohttp looks both up on every
+    request, each in a worker thread: two thread-pool round trips per tool call.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    extra: dict[str, str] = {}
+    request: dict[str, Any] = {}
+    if host and not urllib.request.proxy_bypass(host):
+        proxy = urllib.request.getproxies().get(parts.scheme)
+        if proxy:
+            found = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            request["proxy"] = urlunsplit(found._replace(netloc=found.netloc.rpartition("@")[2]))
+            if found.username is not None:
+                credentials = _basic(unquote(found.username), unquote(found.password or ""))
+                # A plain-HTTP request goes to the proxy as it is, its headers with it; an HTTPS one
+                # is tunnelled, and the proxy sees only the CONNECT request's headers.
+                if parts.scheme == "https":
+                    request["proxy_headers"] = {"Proxy-Authorization": credentials}
+                else:
+                    extra["Proxy-Authorization"] = credentials
+    if host and not any(k.lower() == "authorization" for k in (headers or {})):
+        path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        try:
+            login = netrc.netrc(path).authenticators(host)
+        except (OSError, netrc.NetrcParseError):
+            login = None
+        if login is not None and login[0]:
+            extra["Authorization"] = _basic(login[0], login[2] or "")
+    return FromEnvironment(extra, request)
+
+
 def _client_timeout(t: Timeouts) -> aiohttp.ClientTimeout:
     # ``connect`` also bounds the wait for a free pooled connection (as httpx's pool timeout did).
     return aiohttp.ClientTimeout(total=None, connect=t.connect + t.read, sock_connect=t.connect, sock_read=t.read)
@@ -362,10 +415,11 @@ class ORSTransport:
         else:
             connector = aiohttp.TCPConnector(limit=max_connections, ssl=_ssl_context())
             self._base = url.rstrip("/")
+        environment = FromEnvironment({}, {}) if local or url.startswith("unix:") else from_environment(self._base, headers)
+        self._options = environment.request
         self._client = aiohttp.ClientSession(
-            connector=connector, timeout=_client_timeout(timeouts), headers=headers,
-            trust_env=not local and not url.startswith("unix:"), auto_decompress=True,
-        )
+            connector=connector, timeout=_client_timeout(timeouts), headers={**(headers or {}), **environment.headers},
+            auto_decompress=True)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -456,7 +510,7 @@ class ORSTransport:
             raise BackendUnavailable(self._closed_text())
         # aiohttp reads timeout=None as "no limit at all": pass one only to override the session's.
         limits: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
-        async with self._client.request(method, self._base + path, data=content, headers=headers,
+        async with self._client.request(method, self._base + path, data=content, headers=headers, **self._options,
                                         **limits) as response:
             reply = Reply(response.status, response.headers, await self._read(response, f"{method} {path}"))
         if check:
@@ -573,7 +627,8 @@ class ORSTransport:
                     # deadlines rather than aiohttp's sock_read timer, which is re-armed on every
                     # chunk (a step's timers cost more than the rest of its client-side work)
                     response = await self._waited(
-                        self._client.post(self._base + path, data=content, headers=headers, timeout=self._stream_timeout),
+                        self._client.post(self._base + path, data=content, headers=headers, timeout=self._stream_timeout,
+                                          **self._options),
                         what, self.timeouts.connect + self.timeouts.read)
                     async with response:
                         if response.status != 200:
