@@ -401,6 +401,32 @@ def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
         envs.close()
 
 
+def test_a_mixtures_ray_parts_share_the_callers_timeout(cluster):
+    """``step_wait(timeout=T)`` over a mixture waits T in all: each Ray part waits on the caller's
+    thread for what is left of T, not for T of its own (two slow parts once took 2T)."""
+    from openenv_gym.importing import import_source
+    from openenv_gym.registration import register_catalog
+
+    probe = str(Path(__file__).parents[1] / "envs" / "ors_probe.py")
+    import_source(probe, "ProbeTwin", kind="ors", env_class="Probe")
+    assert "openenv/ProbeTwin-v0" in register_catalog()
+    envs = openenv_gym.make_mixture({"openenv/ORS-v0": 1, "openenv/ProbeTwin-v0": 1}, backend="ray",
+                                    step_timeout=3.0, vector_options={"num_actors": 1},
+                                    env_kwargs={"openenv/ORS-v0": {"source": probe, "env_class": "Probe"}})
+    try:
+        envs.reset(seed=0)
+        slow = call("slow", {"seconds": 5.0})
+        envs.step_async([slow, slow])
+        start = time.monotonic()
+        with pytest.raises(openenv_gym.errors.BackendTimeout):
+            envs.step_wait(timeout=0.8)
+        assert time.monotonic() - start < 1.4  # not 0.8 s for the first part, then 0.8 s more
+        obs, _, _, _, infos = envs.step([call("hint", {}), call("hint", {})])  # both were abandoned
+        assert infos["_error"].tolist() == [True, True] and all("What is" in o[0]["content"] for o in obs)
+    finally:
+        envs.close()
+
+
 def test_an_interrupted_lockstep_step_loses_no_result(cluster):
     """``step()`` waits for its actors' answers on the caller's thread; Ctrl-C there hands the
     calls to the runtime loop, so the results arrive for the next ``recv``, as after a ``recv``."""
