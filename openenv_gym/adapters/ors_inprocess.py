@@ -128,20 +128,28 @@ class _Tool(typing.NamedTuple):
 def _tool(fn: Callable[..., Any], output: type, model_base: type) -> _Tool | None:
     """``fn`` with the pydantic model of its one parameter, or ``None`` if it is not a tool by the
     SDK's rule (no parameter, or one pydantic model; annotated to return ``ToolOutput``)."""
-    is_tool, model = _shape(getattr(fn, "__func__", fn), output, model_base)
+    function = getattr(fn, "__func__", None)
+    is_tool, model = _shape(fn if function is None else function, function is not None, output, model_base)
     return _Tool(fn, model) if is_tool else None
 
 
 @functools.lru_cache(maxsize=1024)
-def _shape(function: Callable[..., Any], output: type, model_base: type) -> tuple[bool, type | None]:
+def _shape(function: Callable[..., Any], bound: bool, output: type, model_base: type) -> tuple[bool, type | None]:
     """Whether a function is a tool, and its parameter model (``None``: it takes none); read once
-    per function (``get_type_hints`` costs more than the call itself)."""
+    per function (``get_type_hints`` costs more than the call itself).
+
+    The parameters are the SDK's: those of the unwrapped function without one named ``self``; a
+    method that no decorator wrapped is read bound, without its first parameter whatever its name.
+    """
     real = inspect.unwrap(function)
     try:
-        params = [p for p in inspect.signature(real).parameters.values() if p.name != "self"]
+        params = list(inspect.signature(real).parameters.values())
         hints = typing.get_type_hints(real, include_extras=True)
     except (TypeError, ValueError, NameError):
         return False, None
+    if bound and real is function and params:
+        params = params[1:]
+    params = [p for p in params if p.name != "self"]
     if hints.get("return") is not output or len(params) > 1:
         return False, None
     if not params:

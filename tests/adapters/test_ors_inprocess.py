@@ -118,7 +118,7 @@ def test_what_it_cannot_run_is_refused_with_the_reason():
 
 
 LIFECYCLE = '''
-import asyncio, json, os
+import asyncio, functools, json, os
 from pydantic import BaseModel
 from ors import Environment, Server, TextBlock, ToolOutput, Toolset, tool
 from ors.types import ListToolsOutput, ToolSpec
@@ -131,6 +131,13 @@ def note(line):
 
 class Word(BaseModel):
     word: str
+
+def logged(f):
+    @functools.wraps(f)
+    def inner(self, *args):
+        note("called " + f.__name__)
+        return f(self, *args)
+    return inner
 
 class Shout(Toolset):
     @tool
@@ -175,6 +182,12 @@ class Life(Environment):
         """Nothing."""
         return ToolOutput(blocks=[TextBlock(text="ok")])
 
+    @tool
+    @logged
+    def echo(self, params: Word) -> ToolOutput:
+        """A tool under a decorator of the author's (read through functools.wraps)."""
+        return ToolOutput(blocks=[TextBlock(text=params.word)])
+
 if __name__ == "__main__":
     import sys
     Server([Life]).run(host="127.0.0.1", port=int(sys.argv[1]))
@@ -190,7 +203,8 @@ def test_setup_teardown_toolsets_and_task_tools_as_the_server_runs_them(tmp_path
         monkeypatch.setenv("LIFECYCLE_LOG", str(log))
         env = gym.make("openenv/ORS-v0", source=str(source), env_class="Life", in_process=mode)
         try:
-            played = play(env, 0, [call("shout", {"word": "hi"}), call("noop"), call("secretword")])
+            played = play(env, 0, [call("shout", {"word": "hi"}), call("noop"), call("echo", {"word": "yo"}),
+                                   call("echo", {"word": 3}), call("secretword")])
             with pytest.raises(ServerError, match="no room for this task"):
                 env.reset(options={"index": 1})
             env.reset(options={"index": 2})
@@ -201,6 +215,7 @@ def test_setup_teardown_toolsets_and_task_tools_as_the_server_runs_them(tmp_path
         runs.append((played, log.read_text().split("\n")))
     assert runs[0] == runs[1]
     played, log = runs[1]
-    assert played[1][0][0]["content"] == "HI!" and played[3][1:3] == (1.0, True)
+    assert played[1][0][0]["content"] == "HI!" and played[3][0][0]["content"] == "yo"
+    assert "Tool input validation error" in played[4][0][0]["content"] and played[5][1:3] == (1.0, True)
     assert "secretword" in {t["function"]["name"] for t in played[0][1]}
-    assert log[:2] == ["setup !", "teardown !"]
+    assert log[:3] == ["setup !", "called echo", "teardown !"]
