@@ -31,7 +31,6 @@ import asyncio
 import functools
 import hashlib
 import importlib
-import importlib.util
 import inspect
 import logging
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 
 import msgspec
 
+from openenv_gym.adapters.modules import exec_file
 from openenv_gym.adapters.ors_transport import (
     Block,
     ListTools,
@@ -83,18 +83,7 @@ def load_class(root: str, module_file: str, class_name: str) -> type:
             module = importlib.import_module(".".join(parts))
         else:
             name = f"_openenv_gym_source_{parts[-1]}_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
-            module = sys.modules.get(name)  # type: ignore[assignment]
-            if module is None:
-                spec = importlib.util.spec_from_file_location(name, path)
-                if spec is None or spec.loader is None:
-                    raise ConfigurationError(f"cannot load {module_file} from {root}")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
+            module = sys.modules.get(name) or exec_file(name, path, what="ORS source")
     finally:
         sys.path.remove(folder)
     found = getattr(module, class_name, None)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import importlib.util
 import itertools
 import json
 import math
@@ -57,6 +56,7 @@ import msgspec
 
 from openenv_gym.actions import ParsedCall, Turn, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.modules import exec_file
 from openenv_gym.adapters.verifiers_process import STATE, building_v0_env
 from openenv_gym.errors import (
     BackendError,
@@ -229,22 +229,12 @@ def _import_source(found: SourceModule) -> None:
     existing_file = getattr(existing, "__file__", None)  # None for a missing module too
     if existing_file and Path(existing_file).resolve() == file:
         return
-    spec = importlib.util.spec_from_file_location(
-        module, file, submodule_search_locations=[str(file.parent)] if package else None)
-    if spec is None or spec.loader is None:
-        raise ConfigurationError(f"cannot import Verifiers source {str(file)!r}")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[module] = loaded
     try:
-        spec.loader.exec_module(loaded)
-    except BaseException as exc:
-        if existing is not None:
-            sys.modules[module] = existing
-        else:
-            sys.modules.pop(module, None)
-        if isinstance(exc, Exception):
-            raise ConfigurationError(f"could not import Verifiers source {str(file)!r}: {type(exc).__name__}: {exc}") from exc
+        exec_file(module, file, package=package, what="Verifiers source")
+    except ConfigurationError:
         raise
+    except Exception as exc:
+        raise ConfigurationError(f"could not import Verifiers source {str(file)!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def _rubrics(env: Any) -> Iterator[Any]:
