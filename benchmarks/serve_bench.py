@@ -11,9 +11,12 @@ the native server of its ecosystem, over both protocols, in env-steps/s.
   figure is the servers'. *Direct*: ``gym.make("openenv/Arithmetic-v0", in_process=True)`` (and
   ``gym.make_vec`` of 64, first-ready batches of 16) in this process.
 * **OpenEnv**: the MCP echo env of ``tests/envs/openenv_echo_env``. *Served*: ``openenv-gym serve
-  openenv/OpenEnv-v0 source=... --protocol openenv``. *Native*: OpenEnv's ``create_app`` server of
-  it under uvicorn. Both driven by one raw WebSocket client (``reset``, then ``call_tool`` echo and
-  guess per episode). *Direct*: ``gym.make("openenv/OpenEnv-v0", source=...)``.
+  openenv/OpenEnv-v0 source=... in_process=true --protocol openenv``: the class its app gives
+  ``create_app`` runs in the gateway's process, as OpenEnv's own server runs it. *Served over its
+  server*: the same without ``in_process`` (the OpenEnv adapter over the env's own local server, a
+  second WebSocket hop per message; shown for scale). *Native*: OpenEnv's ``create_app`` server of
+  it under uvicorn. All driven by one raw WebSocket client (``reset``, then ``call_tool`` echo and
+  guess per episode). *Direct*: ``gym.make("openenv/OpenEnv-v0", source=..., in_process=True)``.
 
 An episode is a reset and two steps (the last one ends it with reward 1.0, checked); a figure counts
 the steps, resets included in the time. Each case runs *single* (one client, episodes in turn) and
@@ -22,10 +25,6 @@ The sides alternate in rounds (the machine is shared and noisy); reported: the m
 per-round ratios (served / native, served / direct) with their min and max.
 
     python benchmarks/serve_bench.py [--seconds 4] [--rounds 5] [--sessions 64] [--only ors,openenv] [--json out.json]
-
-The served OpenEnv env is a second hop by construction: the OpenEnv adapter over the env's own
-local server, so a served request is the gateway's work plus the adapter's round trip
-(docs/architecture.md, "Serving").
 """
 
 from __future__ import annotations
@@ -319,11 +318,16 @@ def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             "served_over_server": lambda c, o: asyncio.run(ors_rate(hop_url, HEADERS, c, args.seconds, o)),
             "native": lambda c, o: asyncio.run(ors_rate(native_url, {}, c, args.seconds, o))}
     else:
-        served_proc, served_url = start_served("openenv/OpenEnv-v0", "openenv", args.sessions, f"source={ECHO}")
+        served_proc, served_url = start_served("openenv/OpenEnv-v0", "openenv", args.sessions, f"source={ECHO}",
+                                               "in_process=true")
+        hop_proc, hop_url = start_served("openenv/OpenEnv-v0", "openenv", args.sessions, f"source={ECHO}")
+        extra.append(hop_proc)
         native_proc, native_url = start_native_openenv(args.sessions)
-        env = gym.make("openenv/OpenEnv-v0", source=str(ECHO))
-        envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=args.sessions, source=str(ECHO), autoreset_mode="SameStep")
+        env = gym.make("openenv/OpenEnv-v0", source=str(ECHO), in_process=True)
+        envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=args.sessions, source=str(ECHO), autoreset_mode="SameStep",
+                            in_process=True)
         sides = {"served": lambda c, o: asyncio.run(openenv_rate(served_url, HEADERS, True, c, args.seconds, o)),
+                 "served_over_server": lambda c, o: asyncio.run(openenv_rate(hop_url, HEADERS, True, c, args.seconds, o)),
                  "native": lambda c, o: asyncio.run(openenv_rate(native_url, {}, False, c, args.seconds, o))}
     sides["direct"] = lambda c, o: (direct_single(env, kind, args.seconds, o) if c == 1
                                     else direct_vector(envs, kind, args.seconds, o))
@@ -374,7 +378,8 @@ def main() -> None:
     from figures import figure, write
 
     figures, details = [], {}
-    names = {"ors": ("ORS", "ors-sdk's Server", "Arithmetic, in_process=true"), "openenv": ("OpenEnv", "OpenEnv's create_app", "echo env")}
+    names = {"ors": ("ORS", "ors-sdk's Server", "Arithmetic, in_process=true"),
+             "openenv": ("OpenEnv", "OpenEnv's create_app", "echo env, in_process=true")}
     for kind in args.only.split(","):
         result = run_case(kind, args)
         details[kind] = result

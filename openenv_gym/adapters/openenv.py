@@ -7,7 +7,8 @@ stateless HTTP ``/reset`` ``/step`` (every request there builds a fresh environm
 onto the Gymnasium contract (docs/backends.md, OpenEnv):
 
 * **MCP environments** (the action is ``CallToolAction``): the tools are the environment's MCP
-  tools (``list_tools`` on the episode's socket), in OpenAI format; a tool call is
+  tools (``list_tools`` on the socket, once per environment instance, as OpenEnv's own
+  ``MCPToolClient`` caches them), in OpenAI format; a tool call is
   ``{"type": "call_tool", "tool_name", "arguments"}``; its result, or its ``ToolError``, becomes a
   ``tool`` message.
 * **Typed-action environments**: one tool, ``step``, whose parameters are the Action model's JSON
@@ -37,7 +38,9 @@ privately by the same machinery as ORS sources (:mod:`openenv_gym.adapters.local
 ``server_workers`` processes and as many more as the server's session limit needs for the vector
 env asking (``expected_sessions``, which ``gym.make_vec`` passes): each episode's socket goes to
 the worker with the fewest episodes in flight (ties round-robin) among those with room, whose
-environment instance it then holds to the end, and idle sockets are pooled per worker.
+environment instance it then holds to the end, and idle sockets are pooled per worker. With
+``in_process=True`` a ``source``'s environment runs in this process instead
+(:mod:`openenv_gym.adapters.openenv_inprocess`): the same calls, answered without a socket.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
 from openenv_gym.adapters.local_servers.group import Server
+from openenv_gym.adapters.openenv_inprocess import HereChannel, InProcessOpenEnv, load_parts
 from openenv_gym.adapters.openenv_transport import (
     ActionRejected,
     CapacityReached,
@@ -83,6 +87,11 @@ says otherwise (environments that read it allow that many sessions per process; 
 start when a vector env needs more)."""
 
 _RESERVED = frozenset(("reward", "done", "metadata"))
+
+OpenEnvLink = OpenEnvTransport | InProcessOpenEnv
+"""Where an episode's messages go: a server's WebSocket, or the environment run in this process (``in_process``)."""
+AnyChannel = Channel | HereChannel
+"""One session: a WebSocket to ``/ws``, or an environment instance here."""
 
 
 # -- what the agent sees -----------------------------------------------------------------------------
@@ -256,6 +265,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
             :class:`~openenv_gym.errors.ServerError` naming this limit.
         manifest: the environment's ``openenv.yaml`` fields, as discovery read them (shown in
             ``info`` and by ``openenv-gym info``; nothing else depends on them).
+        in_process: run a ``source``'s environment in this process: the class its app gave
+            ``create_app``, driven as OpenEnv's server drives it, with no server and no socket
+            (:mod:`~openenv_gym.adapters.openenv_inprocess`). Cheaper per step; nothing of a
+            process boundary protects this process from the environment's code.
     """
 
     kind = "openenv"
@@ -279,12 +292,20 @@ class OpenEnvAdapter(ServerReport, Adapter):
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         manifest: dict[str, Any] | None = None,
+        in_process: bool = False,
     ):
         super().__init__()
         if (url is None) == (source is None):
             raise ConfigurationError(
                 "give exactly one of url= (a running OpenEnv server) or source= (an environment folder "
                 "or installed environment package)")
+        if not isinstance(in_process, bool):
+            raise ConfigurationError(f"in_process must be True or False, not {in_process!r}")
+        if in_process and url is not None:
+            raise ConfigurationError("in_process=True runs a local source= in this process; a url= is a server elsewhere")
+        if in_process and server_python is not None:
+            raise ConfigurationError("server_python= is the interpreter of a source's server; in_process=True starts "
+                                     "none (use gym.make(..., python=...) to run the whole env under another one)")
         if listen not in local_servers.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
         self.max_concurrent_envs = positive("max_concurrent_envs", max_concurrent_envs, optional=True)
@@ -306,8 +327,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
         self.startup_timeout = startup_timeout
         self._headers = dict(headers or {})
         self.manifest = dict(manifest or {})
-        self.endpoint: Endpoint[OpenEnvTransport] = Endpoint("OpenEnv", self._link)
-        self._idle: dict[Server, list[Channel]] = {}  # sockets between episodes, per server
+        self.in_process = in_process
+        self._here: InProcessOpenEnv | None = None
+        self.endpoint: Endpoint[OpenEnvLink] = Endpoint("OpenEnv", self._link)
+        self._idle: dict[Server, list[AnyChannel]] = {}  # sockets between episodes, per server
         self.mcp = False
         self.task_api = False
         self.name: str | None = None
@@ -321,7 +344,15 @@ class OpenEnvAdapter(ServerReport, Adapter):
 
     async def start(self) -> None:
         self.endpoint.check_open()
-        if self.source is not None:
+        if self.source is not None and self.in_process:
+            from openenv_gym.importers.openenv import resolve_source
+
+            found = resolve_source(self.source)
+            self._here = InProcessOpenEnv(load_parts(str(Path(found.root).resolve()), found.app),
+                                          self.max_concurrent_envs)
+            self.endpoint.open_here(self._here.url)
+            self.env_name = self.env_name or found.name
+        elif self.source is not None:
             await self._launch()
         else:
             split_url(self.url or "")  # a malformed URL is a ConfigurationError before anything else
@@ -342,8 +373,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
         await self.endpoint.open_local(launch, workers=workers, expected_sessions=self.expected_sessions)
         self.env_name = self.env_name or found.name
 
-    def _link(self, server: Server) -> OpenEnvTransport:
-        """The transport to one server (a remote URL, or a worker of the local server)."""
+    def _link(self, server: Server) -> OpenEnvLink:
+        """The transport to one server (a remote URL, or a worker of the local server), or the env here."""
+        if self._here is not None:
+            return self._here
         return OpenEnvTransport(
             server.url, headers={**self._headers, **server.auth_headers()}, connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout, local=isinstance(server, Worker), exit_note=server.exit_note,
@@ -351,20 +384,20 @@ class OpenEnvAdapter(ServerReport, Adapter):
 
     async def _discover(self) -> None:
         transport = self.endpoint.link()
-        schema = await transport.get_json("GET", "/schema")
+        schema = await transport.schema()
         action = (schema or {}).get("action") or {}
         props = action.get("properties") or {}
         self.mcp = "tool_name" in props and "arguments" in props
-        meta = await transport.get_json("GET", "/metadata", missing=(404,)) or {}
+        meta = await transport.metadata() or {}
         self.name = str(meta.get("name") or "") or None
-        envs = await transport.get_json("GET", "/list_environments", missing=(404, 405))
+        envs = await transport.environments()
         if isinstance(envs, list) and envs:
             names = [str(e) for e in envs]
             if self.env_name is None or self.env_name.lower() not in [n.lower() for n in names]:
                 if self.env_name is not None and self.url is not None:
                     raise ConfigurationError(f"the OpenEnv server has no environment {self.env_name!r}; it has {names}")
                 self.env_name = names[0]
-            splits = await transport.get_json("GET", f"/{self.env_name}/splits", missing=(404, 405, 501))
+            splits = await transport.splits(self.env_name, probe=True)
             if splits is not None:
                 self.task_api = True
                 self._splits = [_split(s) for s in splits]
@@ -420,13 +453,13 @@ class OpenEnvAdapter(ServerReport, Adapter):
     async def _fetch_splits(self) -> list[Split]:
         if not self.task_api:
             return [Split(DEFAULT_SPLIT, "train")]
-        raw = await self.endpoint.link().get_json("GET", f"/{self.env_name}/splits")
+        raw = await self.endpoint.link().splits(self._env())
         return [_split(s) for s in raw or []]
 
     async def _fetch_num_tasks(self, split: str) -> int:
         if not self.task_api:
             return SEEDS
-        wire = await self.endpoint.link().get_json("POST", f"/{self.env_name}/num_tasks", {"split": split})
+        wire = await self.endpoint.link().num_tasks(self._env(), split)
         try:
             return int(wire["num_tasks"])
         except (KeyError, TypeError, ValueError):
@@ -436,8 +469,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
         if not self.task_api:
             await self.num_tasks(split)  # an unknown split is TaskNotFound
             return {"seed": int(index)}
-        wire = await self.endpoint.link().get_json("POST", f"/{self.env_name}/task",
-                                                   {"split": split, "index": index})
+        wire = await self.endpoint.link().task(self._env(), split, index)
         task = (wire or {}).get("task")
         return task if isinstance(task, dict) else {"task": task}
 
@@ -450,11 +482,14 @@ class OpenEnvAdapter(ServerReport, Adapter):
         return {"seed": int(task.index or 0)}
 
     # -- sockets ---------------------------------------------------------------------------------
-    def give_back(self, channel: Channel) -> None:
+    def give_back(self, channel: AnyChannel) -> None:
         """Keep a healthy socket for the next episode (its environment instance is reset then).
 
         An idle socket keeps its server session (and so its lease, no longer busy); any other
-        is closed, which gives the session back.
+        is closed, which gives the session back. An environment run here keeps no more idle
+        instances than are in use (at least one): each holds its MCP session's tasks, and
+        anyio's every worker-thread call walks all of the loop's tasks, so a served env's 63
+        idle instances after 64 clients left cost its one remaining client 15 % per step.
         """
         lease: Lease | None = channel.lease
         servers = self.endpoint.servers
@@ -464,8 +499,13 @@ class OpenEnvAdapter(ServerReport, Adapter):
             self._idle.setdefault(lease.server, []).append(channel)
         else:
             channel.abort()
+        if self._here is not None:
+            idle = [c for channels in self._idle.values() for c in channels]
+            for extra in idle[:max(0, len(idle) - max(1, self._here.sessions - len(idle)))]:
+                self._idle[extra.lease.server].remove(extra)
+                extra.abort()
 
-    async def open_session(self, data: dict[str, Any]) -> tuple[Channel, dict[str, Any]]:
+    async def open_session(self, data: dict[str, Any]) -> tuple[AnyChannel, dict[str, Any]]:
         """A socket whose environment was just reset with ``data``, and the reset's reply.
 
         The server is the one :meth:`Endpoint.place <openenv_gym.adapters.local_servers.Endpoint.place>`
@@ -524,6 +564,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
             lease.confirm()
             return channel, reply
 
+    def _env(self) -> str:
+        """The environment's name in task-API routes."""
+        return self.env_name or self.name or ""
+
     def _capacity_advice(self, exc: CapacityReached, capacity: int | None) -> str:
         """What to do about a server that stays at capacity (the message of the error raised)."""
         servers = self.endpoint.servers
@@ -536,19 +580,30 @@ class OpenEnvAdapter(ServerReport, Adapter):
                    "MAX_CONCURRENT_ENVS=N for environments that read it; or pass source= (the environment's "
                    "folder or package) instead of url= to have enough server processes started for you; "
                    "or run fewer envs at once")
+        elif self._here is not None and not self._here.parts.concurrent:
+            how = ("the environment does not declare SUPPORTS_CONCURRENT_SESSIONS, so in_process=True runs one "
+                   "session of it at a time: leave in_process off to have a server process started per session")
         else:
             how = "close the envs you no longer use, or run fewer at once"
         return (f"{exc} after retrying for capacity_wait={self.capacity_wait} s: the server {allows}, and all "
                 f"are in use ({held} by this env's adapter); {how}")
 
-    async def _reset(self, channel: Channel, message: dict[str, Any]) -> dict[str, Any]:
+    async def _reset(self, channel: AnyChannel, message: dict[str, Any]) -> dict[str, Any]:
         try:
             return await channel.request(message, "reset", self.read_timeout)
         except ActionRejected as exc:
             channel.abort()
             raise ConfigurationError(f"the server rejected the reset: {exc}") from None
 
-    async def list_tools(self, channel: Channel) -> list[ToolSpec]:
+    async def tools_of(self, channel: AnyChannel) -> list[ToolSpec]:
+        """The MCP tools of ``channel``'s environment instance, listed once per instance and kept
+        for the episodes it plays after, as OpenEnv's own ``MCPToolClient`` keeps them
+        (``list_tools(use_cache=True)``): listing costs an MCP round trip per episode otherwise."""
+        if channel.tools is None:
+            channel.tools = await self.list_tools(channel)
+        return list(channel.tools)
+
+    async def list_tools(self, channel: AnyChannel) -> list[ToolSpec]:
         """The tools an MCP environment lists on ``channel`` (their JSON schemas as given)."""
         data = await channel.request({"type": "step", "data": {"type": "list_tools"}}, "list_tools",
                                      self.read_timeout)
@@ -573,7 +628,7 @@ class OpenEnvEpisode(Episode):
 
     def __init__(self, adapter: OpenEnvAdapter):
         self.adapter = adapter
-        self.channel: Channel | None = None
+        self.channel: AnyChannel | None = None
         self.done = False
         self.tools: dict[str, ToolSpec] = {}
 
@@ -590,7 +645,7 @@ class OpenEnvEpisode(Episode):
             channel, data = await adapter.open_session(adapter.reset_data(task))
         self.channel = channel
         try:
-            tools = await adapter.list_tools(channel) if adapter.mcp else await adapter.tools()
+            tools = await adapter.tools_of(channel) if adapter.mcp else await adapter.tools()
         except BaseException:
             await self.aclose()
             raise

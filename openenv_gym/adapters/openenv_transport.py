@@ -218,6 +218,8 @@ class Channel:
         self.replies = 0
         self.lease: Any = None
         """Set by whoever placed this socket on its server (the adapter: its lease there)."""
+        self.tools: Any = None
+        """The MCP tools listed on this session (the adapter's cache: see ``OpenEnvAdapter.tools_of``)."""
 
     @property
     def usable(self) -> bool:
@@ -439,6 +441,33 @@ class OpenEnvTransport:
                     f"could not connect to the OpenEnv server at {self.shown_url()} within "
                     f"connect_timeout={self.connect_timeout} s") from None
         return Channel(self, ws, on_close)
+
+    # -- the routes the adapter asks ---------------------------------------------------------------
+    # Named here, as ORSTransport names ORS's, so an environment run in this process
+    # (openenv_inprocess.InProcessOpenEnv) answers the same calls and the episode logic is one code.
+    async def schema(self) -> Any:
+        """``GET /schema``: the action, observation and state JSON schemas."""
+        return await self.get_json("GET", "/schema")
+
+    async def metadata(self) -> Any:
+        """``GET /metadata`` (``None`` on a server without it)."""
+        return await self.get_json("GET", "/metadata", missing=(404,))
+
+    async def environments(self) -> Any:
+        """``GET /list_environments`` of the task API (``None`` on a server without it)."""
+        return await self.get_json("GET", "/list_environments", missing=(404, 405))
+
+    async def splits(self, env: str, *, probe: bool = False) -> Any:
+        """``GET /{env}/splits``; with ``probe``, ``None`` if the server has no task API."""
+        return await self.get_json("GET", f"/{env}/splits", missing=(404, 405, 501) if probe else ())
+
+    async def num_tasks(self, env: str, split: str) -> Any:
+        """``POST /{env}/num_tasks``."""
+        return await self.get_json("POST", f"/{env}/num_tasks", {"split": split})
+
+    async def task(self, env: str, split: str, index: int) -> Any:
+        """``POST /{env}/task``."""
+        return await self.get_json("POST", f"/{env}/task", {"split": split, "index": index})
 
     # -- HTTP ----------------------------------------------------------------------------------------
     async def get_json(self, method: str, path: str, body: Any = None, *,

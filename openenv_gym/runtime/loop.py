@@ -121,6 +121,17 @@ class Runtime:
         self._pid: int | None = None
         self._exit_deadline: float | None = None  # monotonic time; set while (and after) the exit hook runs
         self._live: dict[int, weakref.ref[Any]] = {}
+        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+
+    def use_loop_factory(self, factory: Callable[[], asyncio.AbstractEventLoop]) -> bool:
+        """Build the runtime loop with ``factory`` (uvloop's, for a process that is a server);
+        only before the loop starts. Returns ``False`` (and changes nothing) once it runs."""
+        with self._lock:
+            if self._loop is not None and self._pid == os.getpid() and self._thread is not None \
+                    and self._thread.is_alive():
+                return False
+            self._loop_factory = factory
+            return True
 
     # -- the loop ------------------------------------------------------------------------------------
     @staticmethod
@@ -142,7 +153,7 @@ class Runtime:
             if self._loop is None or self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
                 if self._exit_deadline is not None and self._pid == os.getpid():
                     raise RuntimeClosed("the openenv_gym runtime was stopped at interpreter exit")
-                loop = asyncio.new_event_loop()
+                loop = self._loop_factory()
                 ready = threading.Event()
                 thread = threading.Thread(target=self._serve, args=(loop, ready), name="openenv-gym-runtime",
                                           daemon=True)

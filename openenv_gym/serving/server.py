@@ -29,6 +29,7 @@ from aiohttp import web
 from openenv_gym import runtime
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.pool import SessionPool
+from openenv_gym.processes import tune_gc
 from openenv_gym.serving import openenv as openenv_protocol
 from openenv_gym.serving import ors as ors_protocol
 from openenv_gym.serving.access import Access
@@ -245,6 +246,17 @@ def served(env_id: str, **options: Any) -> Iterator[ServedURL]:
         server.stop()
 
 
+def _prefer_uvloop() -> None:
+    """Run the runtime loop (the server's and its sessions') on uvloop where it is installed, as
+    uvicorn runs OpenEnv's and ors-sdk's servers: a served step's asyncio work (the app's, the
+    env's own) costs less there. Only a process that serves and has not started the loop yet."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    runtime.RUNTIME.use_loop_factory(uvloop.new_event_loop)
+
+
 def serve(env_id: str, *, out: TextIO | None = None, **options: Any) -> int:
     """Serve ``env_id`` until SIGINT (Ctrl-C) or SIGTERM; prints the URL once it answers. Returns 0.
 
@@ -252,6 +264,7 @@ def serve(env_id: str, *, out: TextIO | None = None, **options: Any) -> int:
     every process the server started.
     """
     out = out or sys.stdout
+    _prefer_uvloop()
     server = Server(env_id, **options)
     stop = threading.Event()
     started = False
@@ -267,6 +280,7 @@ def serve(env_id: str, *, out: TextIO | None = None, **options: Any) -> int:
     try:
         url = server.start()
         started = True
+        tune_gc()  # a server process, as every server the package starts: its app and pool are loaded now
         for sig in previous:  # again: starting may have installed its own (ray.init does, for SIGTERM)
             signal.signal(sig, on_signal)
         print(f"serving {env_id} over {server.protocol} at {url} ({server.max_sessions} sessions)", file=out,

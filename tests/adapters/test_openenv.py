@@ -662,3 +662,127 @@ def test_vector_env_isolates_a_failing_sub_env(servers, backend):
         assert sorted(got) == [0, 1, 2, 3]
     finally:
         envs.close()
+
+
+# -- in_process=True: the environment in this process, as its server runs it ------------------------------
+
+BAD_ARGS = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "step", "arguments": "{not json"}}]}
+PLAYS = {  # per env: (reset options, actions), bad ones included (the server's and ours to refuse)
+    "grid": (GRID, [({"index": 2}, [
+        call("step", move="RIGHT"), call("step", move="DIAGONAL"), call("step", move="UP", speed=3), call("jump"),
+        BAD_ARGS, "just text", call("step"), call("step", move="DOWN"), call("step", move="RIGHT"),
+        call("step", move="DOWN"), call("step", move="LEFT")])]),
+    "echo": (ECHO, [({"index": 3}, [
+        call("echo", message="hi"), call("fail", reason="boom"), call("guess", number="abc"), call("nosuch"),
+        call("guess", number=1), call("guess", number=3), call("guess", number=3)]),
+        ({"index": 8}, [call("guess", number=8)])]),
+    "tasks": (TASKS, [({"split": "test", "index": 2}, [call("step", answer="20"), call("step", answer="21")]),
+                      ({"split": "train", "index": 4}, [call("step", answer="8")])]),
+}
+
+
+def _played(env, plays):
+    out = []
+    for options, actions in plays:
+        obs, info = env.reset(options=options)
+        out.append((obs, {k: info[k] for k in ("tools", "task_id", "observation", "metadata")}))
+        for action in actions:
+            obs, reward, terminated, truncated, info = env.step(action)
+            out.append((obs, reward, terminated, truncated, {k: v for k, v in info.items() if k != "step"}))
+            if terminated or truncated:
+                break
+    return out
+
+
+@pytest.mark.parametrize("name", ["grid", "echo", "tasks"])
+def test_in_process_plays_exactly_as_over_the_server(servers, name):
+    """Every observation, reward, end and info entry, the agent's mistakes and the env's errors
+    included, equals what the same env gives over its own OpenEnv server."""
+    source, plays = PLAYS[name]
+    remote = gym.make("openenv/OpenEnv-v0", url=servers[name].url)
+    here = gym.make("openenv/OpenEnv-v0", source=str(source), in_process=True)
+    try:
+        assert here.unwrapped.adapter.endpoint.here and not here.unwrapped.adapter.server_pids()
+        assert _played(here, plays) == _played(remote, plays)
+        if name == "tasks":
+            for env in (here, remote):
+                assert env.unwrapped.num_tasks("test") == 3 and env.unwrapped.task("test", 2)["a"] == "21"
+                with pytest.raises(TaskNotFound):
+                    env.reset(options={"split": "test", "index": 3})
+    finally:
+        remote.close()
+        here.close()
+
+
+def test_in_process_passes_check_env_and_runs_a_vector_env():
+    env = gym.make("openenv/OpenEnv-v0", source=str(ECHO), in_process=True, max_turns=5)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+    envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, source=str(ECHO), in_process=True)
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, *_ = envs.step([call("guess", number=k % 10) for k in range(4)])
+        assert rewards.shape == (4,) and set(rewards.tolist()) <= {0.0, 1.0}
+        link = envs.adapters[0].endpoint.link()
+        assert link.sessions == 4, "one environment instance per sub-env"
+    finally:
+        envs.close()
+
+
+def test_in_process_keeps_no_more_idle_instances_than_are_in_use():
+    """Each idle instance holds its MCP session's tasks, which every later call pays for."""
+    import asyncio
+
+    from openenv_gym import runtime
+
+    env = gym.make("openenv/OpenEnv-v0", source=str(ECHO), in_process=True)
+    try:
+        env.reset(options={"index": 4})
+        adapter = env.unwrapped.adapter
+        link = adapter.endpoint.link()
+
+        async def open_and_give_back(n: int) -> int:
+            opened = await asyncio.gather(*(adapter.open_session({"seed": k}) for k in range(n)))
+            for channel, _ in opened:
+                adapter.give_back(channel)
+            return link.sessions
+
+        assert runtime.run_sync(open_and_give_back(6), 60) == 2, "the env's own episode and one idle"
+        obs, reward, terminated, *_ = env.step(call("guess", number=4))
+        assert (reward, terminated) == (1.0, True), "the episode's own instance was kept"
+    finally:
+        env.close()
+    assert link.sessions == 0 and link.parts.live == 0
+
+
+def test_in_process_single_session_env_is_one_per_process():
+    """SUPPORTS_CONCURRENT_SESSIONS off: as its server allows one session, the process runs one instance."""
+    first = gym.make("openenv/OpenEnv-v0", source=str(SOLO), in_process=True)
+    second = gym.make("openenv/OpenEnv-v0", source=str(SOLO), in_process=True, capacity_wait=0.5,
+                      disable_env_checker=True)
+    try:
+        first.reset(seed=0)
+        with pytest.raises(BackendUnavailable, match="SUPPORTS_CONCURRENT_SESSIONS"):
+            second.reset(seed=0)
+        first.close()
+        obs, info = second.reset(seed=0)
+        assert obs and obs[0]["role"] == "user"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_in_process_refusals_are_configuration_errors(tmp_path):
+    with pytest.raises(ConfigurationError, match="url= is a server elsewhere"):
+        gym.make("openenv/OpenEnv-v0", url="http://127.0.0.1:1", in_process=True)
+    with pytest.raises(ConfigurationError, match="in_process must be True or False"):
+        gym.make("openenv/OpenEnv-v0", source=str(ECHO), in_process="yes")
+    folder = tmp_path / "plain_env"
+    (folder / "server").mkdir(parents=True)
+    (folder / "openenv.yaml").write_text("name: plain_env\napp: server.app:app\n")
+    (folder / "models.py").write_text("")
+    (folder / "server" / "app.py").write_text("async def app(scope, receive, send):\n    pass\n")
+    with pytest.raises(ConfigurationError, match="no create_app"):
+        gym.make("openenv/OpenEnv-v0", source=str(folder), in_process=True)

@@ -10,9 +10,10 @@ import json
 import gymnasium as gym
 import httpx
 import pytest
-from serve_helpers import ARITHMETIC, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
+from serve_helpers import ARITHMETIC, ECHO, call, expression, serve_process, start_serve  # noqa: F401 (a fixture)
 
 import openenv_gym  # noqa: F401
+from openenv_gym.testing import procs
 
 pytest.importorskip("openenv")
 
@@ -154,3 +155,38 @@ def test_schema_and_metadata_are_openenvs_models(arith):
     assert schema == {"action": CallToolAction.model_json_schema(), "observation": CallToolObservation.model_json_schema(),
                       "reset_observation": Observation.model_json_schema(), "state": State.model_json_schema()}
     assert EnvironmentMetadata(**meta).name == "Arithmetic"
+
+
+def test_an_openenv_source_served_in_process_plays_as_gym_make_does():
+    """``in_process=true``: the env's class runs in the server's own process (no server of its own
+    behind it), and OpenEnv's own client gets what gym.make of the same id gives."""
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from openenv.core.mcp_client import MCPToolClient
+
+    served = start_serve(*ECHO, "in_process=true", "--protocol", "openenv", "--max-sessions", "4")
+    reference = gym.make(ECHO[0], source=ECHO[1].split("=", 1)[1], in_process=True)
+    try:
+        assert procs.descendants(served.pid) == [], "no server process behind the served env"
+
+        async def play(index: int) -> None:
+            obs, _ = reference.reset(options={"index": index})
+            async with MCPToolClient(base_url=served.url, headers=served.headers) as env:
+                opening = await env.reset(split="default", index=index)
+                assert opening.observation.metadata["prompt"] == obs
+                assert sorted(t.name for t in await env.list_tools()) == ["echo", "fail", "guess"]
+                for name, args in (("echo", {"message": "hi"}), ("fail", {"reason": "x"}),
+                                   ("guess", {"number": (index + 1) % 10}), ("guess", {"number": index % 10})):
+                    said, reward, terminated, _, _ = reference.step(call(name, args))
+                    result = await env.step(CallToolAction(tool_name=name, arguments=args))
+                    if result.observation.error is None:
+                        assert result.observation.result["data"] == said[0]["content"]
+                    else:
+                        assert result.observation.error.message in said[0]["content"]
+                    assert (result.reward or 0.0, result.done) == (reward, terminated)
+                assert terminated
+
+        for index in (3, 7):
+            asyncio.run(play(index))
+    finally:
+        reference.close()
+        assert served.stop() == 0
