@@ -731,8 +731,7 @@ def test_in_process_passes_check_env_and_runs_a_vector_env():
         envs.close()
 
 
-def test_in_process_keeps_no_more_idle_instances_than_are_in_use():
-    """Each idle instance holds its MCP session's tasks, which every later call pays for."""
+def test_in_process_instances_are_reused_and_all_closed_with_the_env():
     import asyncio
 
     from openenv_gym import runtime
@@ -747,14 +746,17 @@ def test_in_process_keeps_no_more_idle_instances_than_are_in_use():
             opened = await asyncio.gather(*(adapter.open_session({"seed": k}) for k in range(n)))
             for channel, _ in opened:
                 adapter.give_back(channel)
+            again = await asyncio.gather(*(adapter.open_session({"seed": k}) for k in range(n)))
+            for channel, _ in again:
+                adapter.give_back(channel)
             return link.sessions
 
-        assert runtime.run_sync(open_and_give_back(6), 60) == 2, "the env's own episode and one idle"
+        assert runtime.run_sync(open_and_give_back(6), 60) == 7, "the second six reuse the first six's instances"
         obs, reward, terminated, *_ = env.step(call("guess", number=4))
-        assert (reward, terminated) == (1.0, True), "the episode's own instance was kept"
+        assert (reward, terminated) == (1.0, True), "the episode's own instance was not disturbed"
     finally:
         env.close()
-    assert link.sessions == 0 and link.parts.live == 0
+    assert link.sessions == 0 and link.parts.live == 0, "closing the env closes every instance"
 
 
 def test_in_process_single_session_env_is_one_per_process():
@@ -786,3 +788,10 @@ def test_in_process_refusals_are_configuration_errors(tmp_path):
     (folder / "server" / "app.py").write_text("async def app(scope, receive, send):\n    pass\n")
     with pytest.raises(ConfigurationError, match="no create_app"):
         gym.make("openenv/OpenEnv-v0", source=str(folder), in_process=True)
+    broken = tmp_path / "broken_env"  # a package: its app is imported as broken_env.server.app
+    (broken / "server").mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    (broken / "openenv.yaml").write_text("name: broken_env\napp: server.app:app\n")
+    (broken / "server" / "app.py").write_text("import no_such_module_here\n")
+    with pytest.raises(ConfigurationError, match="importing .* failed .*no_such_module_here"):
+        gym.make("openenv/OpenEnv-v0", source=str(broken), in_process=True)
