@@ -220,15 +220,21 @@ class CallerLoop:
             self._running.release()
 
     def close_later(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """:meth:`close` without waiting, from any thread (for ``__del__``): a worker thread of the
-        runtime loop drives this loop through ``coro``, so the exit hook still bounds it."""
-        async def elsewhere() -> None:
-            await asyncio.to_thread(self.close, coro, CANCEL_GRACE)
+        """:meth:`close` without waiting, from any thread (for ``__del__``): a thread of its own
+        drives this loop through ``coro`` (bounded by :data:`CANCEL_GRACE` and the close limit).
 
-        if not sys.is_finalizing():  # a process whose envs all ran on loops of their own never started it
-            with contextlib.suppress(RuntimeClosed, RuntimeError):
-                RUNTIME.get_loop()
-        RUNTIME.close_later(elsewhere())
+        The thread is started here, not from the runtime loop: a script that drops an env and
+        ends at once reaches interpreter exit before the loop could start one (exit then refuses
+        new threads, and the episode's tasks were destroyed pending, with warnings). Started
+        here, it is a thread the interpreter joins before finalising.
+        """
+        if sys.is_finalizing():  # no thread can start now: the loop is collected as it is
+            coro.close()
+            return
+        try:
+            threading.Thread(target=self.close, args=(coro, CANCEL_GRACE), name="openenv-gym-close").start()
+        except RuntimeError:  # the interpreter is shutting down
+            coro.close()
 
 
 def _nothing() -> None:
