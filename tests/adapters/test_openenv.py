@@ -440,6 +440,7 @@ def test_source_over_tcp_needs_the_token():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_vector_env_gets_enough_server_processes_for_the_sessions_one_allows(monkeypatch):
     """MAX_CONCURRENT_ENVS is per process; a vector env bigger than that gets more processes."""
     from openenv_gym.adapters import openenv as adapter_module
@@ -519,6 +520,7 @@ def test_an_env_that_raises_in_a_step_tells_the_agent_and_the_session_goes_on():
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_single_session_source_passes_check_env_and_a_default_make_vec():
     """Most of OpenEnv's own envs allow one session: enough server processes start without being asked."""
     env = gym.make("openenv/OpenEnv-v0", source=str(SOLO))

@@ -377,6 +377,7 @@ def test_a_stopped_single_host_is_replaced_by_the_next_reset():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_single_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
     env = gym.make("openenv/ORS-v0", python=PY, step_timeout=2.0, **PROBE)
     try:
@@ -392,6 +393,7 @@ def test_a_single_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
         env.close()
 
 
+@pytest.mark.slow
 def test_a_vector_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
     from openenv_gym.shard.handle import HUNG_GRACE, PING_TIMEOUT
 

@@ -139,7 +139,8 @@ MAKE = {
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["single", "concurrent", "ray", "hosted", "hosted_vec"])
+@pytest.mark.parametrize("kind", ["single", "concurrent", pytest.param("ray", marks=pytest.mark.slow), "hosted",
+                                  "hosted_vec"])
 @pytest.mark.parametrize("ending", ["forget_close", "exception", "keyboard_interrupt"])
 def test_a_script_that_never_closes_exits_within_15_s_and_leaves_nothing(script, kind, ending):
     end = {"forget_close": "pass", "exception": "raise RuntimeError('boom')",

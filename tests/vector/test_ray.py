@@ -348,6 +348,7 @@ def test_close_mid_rollout_leaves_no_actor_and_no_server(cluster):
     assert not {h._actor_id.hex() for h in handles} & alive_hosts()
 
 
+@pytest.mark.slow
 def test_timeouts_cancel_in_the_actor_and_a_hung_actor_is_replaced(cluster):
     probe = str(Path(__file__).parents[1] / "envs" / "ors_probe.py")
     envs = gym.make_vec("openenv/ORS-v0", num_envs=2, source=probe, env_class="Probe", backend="ray",

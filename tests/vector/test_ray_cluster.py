@@ -33,6 +33,8 @@ ray = pytest.importorskip("ray")
 
 import openenv_gym  # noqa: E402,F401
 
+pytestmark = pytest.mark.slow  # a two-node cluster of its own: its own CI step (-m slow)
+
 ARITH = "openenv/Arithmetic-v0"
 RAY = str(Path(sys.executable).with_name("ray"))
 
