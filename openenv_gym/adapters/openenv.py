@@ -299,13 +299,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
             raise ConfigurationError(
                 "give exactly one of url= (a running OpenEnv server) or source= (an environment folder "
                 "or installed environment package)")
-        if not isinstance(in_process, bool):
-            raise ConfigurationError(f"in_process must be True or False, not {in_process!r}")
-        if in_process and url is not None:
-            raise ConfigurationError("in_process=True runs a local source= in this process; a url= is a server elsewhere")
-        if in_process and server_python is not None:
-            raise ConfigurationError("server_python= is the interpreter of a source's server; in_process=True starts "
-                                     "none (use gym.make(..., python=...) to run the whole env under another one)")
+        local_servers.check_in_process(in_process, url, server_python)
         if listen not in local_servers.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
         self.max_concurrent_envs = positive("max_concurrent_envs", max_concurrent_envs, optional=True)

@@ -176,13 +176,7 @@ class ORSAdapter(ServerReport, Adapter):
         super().__init__()
         if (url is None) == (source is None):
             raise ConfigurationError("give exactly one of url= (a running ORS server) or source= (a local file or folder)")
-        if not isinstance(in_process, bool):
-            raise ConfigurationError(f"in_process must be True or False, not {in_process!r}")
-        if in_process and url is not None:
-            raise ConfigurationError("in_process=True runs a local source= in this process; a url= is a server elsewhere")
-        if in_process and server_python is not None:
-            raise ConfigurationError("server_python= is the interpreter of a source's server; in_process=True starts "
-                                     "none (gym.make(id, python=...) runs the whole adapter under another interpreter)")
+        local_servers.check_in_process(in_process, url, server_python)
         if listen not in local_servers.LISTEN_MODES:
             raise ConfigurationError(f"listen must be one of {local_servers.LISTEN_MODES}, not {listen!r}")
         self.server_workers = local_servers.check_workers(server_workers)

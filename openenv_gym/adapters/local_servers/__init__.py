@@ -14,6 +14,7 @@ from openenv_gym.adapters.local_servers.group import (
     SESSIONS_PER_WORKER,
     Lease,
     ServerGroup,
+    check_in_process,
     check_workers,
     default_workers,
     stop_all,
@@ -21,7 +22,8 @@ from openenv_gym.adapters.local_servers.group import (
 from openenv_gym.adapters.local_servers.processes import LISTEN_MODES, LOG_MAX_BYTES, Launch, Worker, sweep_stale
 
 __all__ = [
-    "Endpoint", "ServerReport", "Lease", "Launch", "ServerGroup", "Worker", "check_workers", "default_workers", "stop_all",
+    "Endpoint", "ServerReport", "Lease", "Launch", "ServerGroup", "Worker", "check_in_process", "check_workers", "default_workers",
+    "stop_all",
     "sweep_stale", "LISTEN_MODES", "LOG_MAX_BYTES", "MAX_DEFAULT_WORKERS", "MAX_SERVER_WORKERS",
     "SESSIONS_PER_WORKER",
 ]

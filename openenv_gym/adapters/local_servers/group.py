@@ -92,6 +92,19 @@ def default_workers(expected_sessions: int | None) -> int:
     return max(1, min(_cores(), MAX_DEFAULT_WORKERS, math.ceil(expected_sessions / SESSIONS_PER_WORKER)))
 
 
+def check_in_process(in_process: object, url: str | None, server_python: str | None) -> bool:
+    """``in_process`` (an env run here rather than behind a server of its own), or ConfigurationError:
+    a bool, and neither a ``url=`` (a server elsewhere) nor a ``server_python=`` (a server's interpreter)."""
+    if not isinstance(in_process, bool):
+        raise ConfigurationError(f"in_process must be True or False, not {in_process!r}")
+    if in_process and url is not None:
+        raise ConfigurationError("in_process=True runs a local source= in this process; a url= is a server elsewhere")
+    if in_process and server_python is not None:
+        raise ConfigurationError("server_python= is the interpreter of a source's server; in_process=True starts "
+                                 "none (gym.make(id, python=...) runs the whole adapter under another interpreter)")
+    return in_process
+
+
 def check_workers(value: object) -> int | None:
     """``server_workers`` as an int (``None``: pick by :func:`default_workers`), or ConfigurationError.
 
