@@ -5,11 +5,15 @@ The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches the HTTP c
 stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
 encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
 
-The client under it is aiohttp, chosen by measurement (``benchmarks/vector.py --only client``):
-at 64 concurrent sessions httpx spent several times aiohttp's client CPU per env-step, most of it
-in httpcore's pool scanning every connection for each request and in anyio's per-request cancel
-scopes. Other, colder paths (health checks, OpenEnv's HTTP
-endpoints, policies) keep httpx through :func:`make_client`.
+The clients under it were chosen by measurement (``benchmarks/vector.py --only client``). Tool
+calls to a plain-HTTP server without a proxy (``http://`` or ``unix:``; every local server) run
+on :mod:`openenv_gym.adapters.http1`'s own keep-alive connections: aiohttp's request machinery
+cost about 170 us of client CPU per call at 64 concurrent sessions, more than the rest of a step.
+Every other request, and tool calls over TLS or a proxy, run on aiohttp: at 64 concurrent
+sessions httpx spent several times aiohttp's client CPU per env-step, most of it in httpcore's
+pool scanning every connection for each request and in anyio's per-request cancel scopes. Other,
+colder paths (health checks, OpenEnv's HTTP endpoints, policies) keep httpx through
+:func:`make_client`.
 
 Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first::
 
@@ -19,7 +23,8 @@ Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, mos
     aiohttp.ConnectionTimeoutError         -> BackendTimeout      connect_timeout (or no free connection)
     aiohttp.ServerTimeoutError, TimeoutError -> BackendTimeout    read_timeout
     aiohttp.ClientPayloadError             -> ServerError         a body that cannot be decoded
-    aiohttp.ClientError (the rest)         -> BackendUnavailable  says if a local server exited
+    http1.BadResponse                      -> ServerError         bytes that are not an HTTP/1.1 answer
+    aiohttp.ClientError, OSError (the rest) -> BackendUnavailable says if a local server exited
     RuntimeError from a closed client      -> BackendUnavailable  "... is closed"
 
 What a server may send is bounded (:class:`~openenv_gym.adapters.limits.Limits`): every answer is read counting its bytes as
@@ -55,6 +60,7 @@ import httpx
 import msgspec
 
 from openenv_gym import runtime
+from openenv_gym.adapters import http1
 from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
 from openenv_gym.errors import (
     BackendError,
@@ -420,6 +426,10 @@ class ORSTransport:
         self._client = aiohttp.ClientSession(
             connector=connector, timeout=_client_timeout(timeouts), headers={**(headers or {}), **environment.headers},
             auto_decompress=True)
+        # Tool calls, the hot path, over plain HTTP without a proxy: http1's own connections
+        # (aiohttp's request machinery costs more client CPU than the rest of a step)
+        self._calls = (http1.Pool(url, {**(headers or {}), **environment.headers}, max_connections)
+                       if http1.usable(url) and not self._options else None)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -429,6 +439,8 @@ class ORSTransport:
             if task is not current and not task.done():
                 self._ended_by_close.add(task)
                 task.cancel()
+        if self._calls is not None:
+            self._calls.close()
         await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
@@ -462,6 +474,8 @@ class ORSTransport:
             return await self._unreachable(exc)
         if isinstance(exc, aiohttp.ClientPayloadError):
             return ServerError(f"{what}: the server sent an undecodable body ({exc})")
+        if isinstance(exc, http1.BadResponse):
+            return ServerError(f"{what}: {exc}")
         if isinstance(exc, (aiohttp.ClientError, OSError)):
             return await self._unreachable(exc)
         if isinstance(exc, RuntimeError) and self.closed and not isinstance(exc, RecursionError):
@@ -487,11 +501,11 @@ class ORSTransport:
         return f"the connection to the ORS server at {self.url} is closed"
 
     # -- requests ----------------------------------------------------------------------------------
-    async def _read(self, response: aiohttp.ClientResponse, what: str) -> bytes:
+    async def _read(self, response: aiohttp.ClientResponse | http1.Response, what: str) -> bytes:
         """The whole body, counted as it arrives: over ``max_response_bytes`` it is never read whole."""
         limit = self.limits.response_bytes
         length = response.content_length
-        if length is not None and "Content-Encoding" not in response.headers:
+        if length is not None and "content-encoding" not in response.headers:
             if length > limit:  # aiohttp reads exactly Content-Length bytes: known before reading
                 raise too_large(what, limit, f" (Content-Length {length})")
             return await response.read()
@@ -607,7 +621,11 @@ class ORSTransport:
         :class:`NotJSON` before sending anything if ``arguments`` cannot be JSON.
         """
         path = f"/{env}/call"
+        if "\r" in sid or "\n" in sid:
+            raise ConfigurationError("a session id may not contain a line break")
         headers = {"X-Session-ID": sid, **_SSE}
+        lines = f"X-Session-ID: {sid}\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\n"
+        calls = self._calls
         task_id: str | None = None
         outcome: RunToolResult | str | None = None
         backoff = runtime.Backoff(base=0.2, cap=2.0)
@@ -626,16 +644,17 @@ class ORSTransport:
                     # read_timeout bounds every wait on the server, on the transport's shared
                     # deadlines rather than aiohttp's sock_read timer, which is re-armed on every
                     # chunk (a step's timers cost more than the rest of its client-side work)
-                    response = await self._waited(
-                        self._client.post(self._base + path, data=content, headers=headers, timeout=self._stream_timeout,
-                                          **self._options),
+                    response: aiohttp.ClientResponse | http1.Response = await self._waited(
+                        calls.post(path, content, lines) if calls is not None else
+                        self._client.post(self._base + path, data=content, headers=headers,
+                                          timeout=self._stream_timeout, **self._options),
                         what, self.timeouts.connect + self.timeouts.read)
                     async with response:
                         if response.status != 200:
                             raise_for_status(Reply(response.status, response.headers,
                                                    await self._waited(self._read(response, f"POST {path}"), what)),
                                              f"POST {path}")
-                        kind = response.headers.get("Content-Type", "")
+                        kind = response.headers.get("content-type", "")
                         if not kind.lower().startswith("text/event-stream"):
                             start = (await self._waited(response.content.read(200), what)).decode("utf-8", "replace")
                             raise ServerError(
@@ -684,12 +703,12 @@ class ORSTransport:
                     await asyncio.sleep(exc.after if exc.after is not None else backoff.delay(attempt))
                 except (aiohttp.ServerTimeoutError, TimeoutError):
                     raise
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, http1.Refused, http1.Dropped) as exc:
                     if outcome is not None:  # the result arrived; only the stream's tail was lost
                         return outcome
                     # Before the server announced a task_id the tool may not have started; only a
                     # refused connection proves that, so anything else is not retried blindly.
-                    if task_id is None and not isinstance(exc, aiohttp.ClientConnectorError):
+                    if task_id is None and not isinstance(exc, (aiohttp.ClientConnectorError, http1.Refused)):
                         raise
                     last_exc = exc
                     await asyncio.sleep(backoff.delay(attempt))
@@ -706,7 +725,7 @@ class ORSTransport:
     def _result(self, data: str) -> RunToolResult:
         return decode_within_depth(_result_decoder, data, self.limits.json_depth)
 
-    async def _finish(self, response: aiohttp.ClientResponse) -> None:
+    async def _finish(self, response: aiohttp.ClientResponse | http1.Response) -> None:
         """Wait briefly for a tool-call stream to end after its result; drop the connection otherwise.
 
         The end of the stream usually arrives with the result. Reading it lets the connection be
@@ -719,5 +738,5 @@ class ORSTransport:
             rest = await self._deadlines.within(response.content.readany(), END_GRACE, "the stream's end", "END_GRACE")
             if rest or not response.content.at_eof():
                 response.close()
-        except (BackendTimeout, aiohttp.ClientError, OSError):
+        except (BackendTimeout, aiohttp.ClientError, OSError, http1.BadResponse):
             response.close()

@@ -1,0 +1,373 @@
+"""Keep-alive HTTP/1.1 connections to one plain-HTTP server, parsed by httptools: the tool-call path.
+
+Why not aiohttp here: a tool call is one small POST answered by a short SSE stream, and
+aiohttp's request machinery (its request and response objects, cookie jar, header multidicts,
+a writer task per request, a timer per read) cost about 170 us of client CPU per call at 64
+concurrent sessions, more than all of openenv_gym's own work for a step
+(``benchmarks/vector.py --only client``). Here a request is one ``write`` of pre-rendered bytes
+and the answer is parsed in C by httptools (llhttp, the parser uvicorn serves with) as it
+arrives. :class:`~openenv_gym.adapters.ors_transport.ORSTransport` uses it for tool calls to
+``http://`` and ``unix:`` servers reached without a proxy (every local server, and the usual
+remote one on a cluster); TLS and proxies keep aiohttp.
+
+What a server sends is bounded: the response head at :data:`HEAD_LIMIT` bytes, the unread body
+at :data:`BUFFER` bytes (reading pauses until the caller takes it; the caller counts the whole
+body against its own limit). A connection goes back to the pool only after a complete response
+the server allows to keep alive; anything else (a cancel mid-response, a server that sends
+bytes nobody asked for) closes it, so a reply can never be read as a later request's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, cast
+from urllib.parse import quote, urlsplit
+
+import httptools
+
+__all__ = ["Pool", "Response", "Refused", "Dropped", "BadResponse", "usable"]
+
+HEAD_LIMIT = 64 * 1024
+"""Bytes the status line and headers of one response may take."""
+
+BUFFER = 256 * 1024
+"""Bytes of a response body held unread before the connection stops reading from the socket."""
+
+
+class Refused(ConnectionError):
+    """No connection could be opened: the request was not sent."""
+
+
+class Dropped(ConnectionError):
+    """The connection ended before the whole response arrived."""
+
+
+class BadResponse(Exception):
+    """The server's bytes are not an HTTP/1.1 response (or not one that was asked for)."""
+
+
+def _head_too_large() -> BadResponse:
+    return BadResponse(f"the response's headers are over {HEAD_LIMIT} bytes")
+
+
+def usable(url: str) -> bool:
+    """True for the URLs this module serves: ``unix:<path>`` and ``http://host[:port]``."""
+    return url.startswith("unix:") or urlsplit(url).scheme == "http"
+
+
+class Response(asyncio.Protocol):
+    """One connection, and the response to the request it is running.
+
+    The pool hands it out by :meth:`Pool.post` once the response's headers are in; the caller
+    reads the body with :meth:`readany` and ends with ``async with`` (or :meth:`release`), which
+    returns the connection to the pool or closes it.
+    """
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._head = 0  # bytes received while the head was incomplete
+        self._head_parsed = 0  # bytes of the headers parsed
+        self._paused = False
+        self._expecting = False  # a request was sent and its response has not ended
+        self._keep = False
+        self.closed = False
+        self.error: BaseException | None = None
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        """The response's headers, names in lower case."""
+        self.complete = False
+        self.has_head = False
+
+    # -- the connection's events (asyncio.Protocol and httptools' callbacks) -----------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # not isinstance-checked: uvloop's transports (Ray actors run on uvloop) are not asyncio's classes
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.has_head:  # counted here too: a header that never ends never reaches on_header
+            self._head += len(data)
+            if self._head > HEAD_LIMIT + len(data):
+                self._fail(_head_too_large())
+                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__
+            self._fail(cause if isinstance(cause, BadResponse) else
+                       BadResponse(f"the server's answer is not HTTP/1.1 ({exc})"))
+            return
+        if self._buffered > BUFFER and not self._paused and not self.closed:
+            self._paused = True
+            assert self._transport is not None
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        if self.has_head and not self.complete and self._ends_at_eof():
+            self.on_message_complete()  # a body without a length ends with the connection
+            self._keep = False
+        self._fail(Dropped("the server closed the connection before the response ended"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self._fail(Dropped("the connection was lost before the response ended"
+                               + (f" ({type(exc).__name__}: {exc})" if exc else "")))
+
+    def _ends_at_eof(self) -> bool:
+        return "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "")
+
+    def on_message_begin(self) -> None:
+        if not self._expecting:  # a response nobody asked for: this connection can't be trusted
+            self._fail(BadResponse("the server sent a response that was not asked for"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_parsed += len(name) + len(value) + 4
+        if self._head_parsed > HEAD_LIMIT:
+            raise _head_too_large()  # httptools stops and raises it as the cause of its own error
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._keep = self._parser.should_keep_alive()
+        self.has_head = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete, self._expecting = True, False
+        self._wake()
+
+    # -- the caller's side -------------------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None and not (self.complete and isinstance(error, Dropped)):
+            self.error = error
+        self._close()
+        self._wake()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self._transport is not None:
+                self._transport.close()
+            self._pool._gone(self)
+
+    async def _wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _send(self, data: bytes) -> None:
+        self.status, self.headers, self.complete, self.has_head = 0, {}, False, False
+        self._chunks.clear()
+        self._buffered = self._head = self._head_parsed = 0
+        self._expecting = True
+        assert self._transport is not None
+        self._transport.write(data)
+
+    @property
+    def content(self) -> Response:
+        """The body as a stream (``response.content.readany()``, as aiohttp's responses have it)."""
+        return self
+
+    @property
+    def content_length(self) -> int | None:
+        length = self.headers.get("content-length")
+        return int(length) if length is not None and length.isdigit() else None
+
+    async def readany(self) -> bytes:
+        """The body bytes that arrived since the last read, waiting for some; ``b""`` at its end."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            await self._wait()
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and not self.closed:
+            self._paused = False
+            assert self._transport is not None
+            self._transport.resume_reading()
+        return data
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes of the body (all of it for ``n < 0``)."""
+        parts: list[bytes] = []
+        size = 0
+        while n < 0 or size < n:
+            chunk = await self.readany()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        data = b"".join(parts)
+        return data if n < 0 else data[:n]
+
+    async def iter_any(self) -> Any:
+        while chunk := await self.readany():
+            yield chunk
+
+    def at_eof(self) -> bool:
+        return self.complete and not self._chunks
+
+    def close(self) -> None:
+        """Drop the connection (the response is not wanted, or was not read to its end)."""
+        self._close()
+
+    def release(self) -> None:
+        """Return the connection to the pool if its response ended and the server keeps it open."""
+        if self.closed:
+            return
+        if self.complete and not self._chunks and self._keep and self.error is None:
+            self._pool._idle.append(self)
+            self._pool._hand_over()
+        else:
+            self._close()
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            self.release()
+        else:
+            self._close()
+
+
+class Pool:
+    """Up to ``max_connections`` keep-alive connections to the server at ``url``.
+
+    Args:
+        url: ``http://host[:port]`` or ``unix:<socket path>``.
+        headers: sent with every request (a local server's token, API keys).
+        max_connections: connections open at once; further requests wait for a free one.
+    """
+
+    def __init__(self, url: str, headers: Mapping[str, str], max_connections: int) -> None:
+        if url.startswith("unix:"):
+            path = url[len("unix:"):]
+            self._unix: str | None = path[2:] if path.startswith("//") else path
+            host, self._address = "ors", ("", 0)
+        else:
+            parts = urlsplit(url)
+            self._unix = None
+            self._address = (parts.hostname or "127.0.0.1", parts.port or 80)
+            host = parts.netloc.rpartition("@")[2]
+        lines = [f"Host: {host}", "Accept-Encoding: identity"] + [f"{k}: {v}" for k, v in headers.items()]
+        for line in lines:
+            if "\r" in line or "\n" in line:
+                raise ValueError("an HTTP header may not contain a line break")
+        self._common = "".join(line + "\r\n" for line in lines)
+        self._max = max_connections
+        self._open = 0
+        self._idle: list[Response] = []
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._all: set[Response] = set()
+        self.closed = False
+
+    async def post(self, path: str, body: bytes, extra: str) -> Response:
+        """Send ``POST path`` with ``body`` and the header lines ``extra`` (each ending in CRLF,
+        none holding another line break: the caller's to check); returns once the response's
+        headers are in.
+
+        Raises :class:`Refused` (nothing was sent), :class:`Dropped` or :class:`BadResponse`.
+        """
+        head = (f"POST {quote(path, safe='/')} HTTP/1.1\r\n{self._common}{extra}"
+                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        conn = await self._acquire()
+        try:
+            conn._send(head + body)
+            while not conn.has_head:
+                await conn._wait()
+        except BaseException:
+            conn._close()
+            raise
+        return conn
+
+    async def _acquire(self) -> Response:
+        while True:
+            if self.closed:
+                raise Dropped("the connection pool is closed")
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+            if self._open < self._max:
+                self._open += 1
+                try:
+                    return await self._connect()
+                except BaseException:
+                    self._open -= 1
+                    self._hand_over()
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._hand_over()  # it was handed a turn it will not take: pass it on
+                raise
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    async def _connect(self) -> Response:
+        loop = asyncio.get_running_loop()
+        conn = Response(self)
+        try:
+            if self._unix is not None:
+                await loop.create_unix_connection(lambda: conn, self._unix)
+            else:
+                await loop.create_connection(lambda: conn, *self._address)
+        except OSError as exc:
+            raise Refused(f"cannot connect ({type(exc).__name__}: {exc})") from exc
+        if self.closed or conn.closed:
+            conn._close()
+            raise Dropped("the connection pool is closed" if self.closed else "the connection was lost at once")
+        self._all.add(conn)
+        return conn
+
+    def _hand_over(self) -> None:
+        """Wake the first waiter for a connection (one went idle, or a place in the pool freed up)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _gone(self, conn: Response) -> None:
+        if conn in self._all:
+            self._all.discard(conn)
+            self._open -= 1
+            self._hand_over()
+
+    def close(self) -> None:
+        """Close every connection, in use or idle; requests in flight get :class:`Dropped`."""
+        self.closed = True
+        for conn in list(self._all):
+            conn._close()
+        self._idle.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)

@@ -1,0 +1,208 @@
+"""Tool calls over openenv_gym's own HTTP/1.1 connections (``adapters/http1.py``), against a server
+that writes raw bytes (``tests/raw_http_server.py``, its own process, stopped by PID).
+
+What a user relies on: every answer is the answer to its own call (a connection is reused only
+after a complete response, never after a cancel or a stray reply), the pool holds at most
+``max_connections``, and whatever bytes a server sends, a call ends with its result or a typed
+error within the read limit, never a hang or a foreign exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from openenv_gym.adapters.ors_transport import ORSTransport, RunToolResult, Timeouts
+from openenv_gym.errors import BackendTimeout, BackendUnavailable, OpenEnvGymError, ServerError
+from openenv_gym.testing import procs
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = Path(__file__).parents[1] / "raw_http_server.py"
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    process = subprocess.Popen([sys.executable, str(SCRIPT)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                               text=True)
+    try:
+        line = process.stdout.readline().strip()
+        assert line.startswith("http://127.0.0.1:"), line
+        yield line
+    finally:
+        procs.terminate(process)
+    assert not procs.alive(process.pid)
+
+
+def transport(url: str, *, read: float = 2.0, max_connections: int = 4) -> ORSTransport:
+    link = ORSTransport(url, timeouts=Timeouts(connect=2.0, read=read), max_connections=max_connections)
+    assert link._calls is not None, "plain http without a proxy takes http1's connections"
+    return link
+
+
+async def call(link: ORSTransport, mode: str, raw: str | None = None) -> RunToolResult | str:
+    return await link.call_tool(mode, "s1", "t", None if raw is None else {"raw": raw}, resume_attempts=0)
+
+
+def conn_of(result: RunToolResult | str) -> str:
+    assert isinstance(result, RunToolResult) and result.ok and result.output is not None, result
+    text = result.output.blocks[0].text
+    assert text is not None and text.startswith("conn "), text
+    return text
+
+
+def run(coro_fn, *args, loop_factory=None):
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(coro_fn(*args))
+
+
+def _loops() -> list:
+    """asyncio's loop, and uvloop's where installed (Ray actors and ``serve`` run on it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return [None]
+    return [None, uvloop.new_event_loop]
+
+
+LOOPS = pytest.mark.parametrize("loop_factory", _loops(), ids=lambda f: "asyncio" if f is None else "uvloop")
+
+
+@LOOPS
+def test_calls_reuse_one_connection_and_a_body_ended_by_close_is_read_whole(url, loop_factory):
+    async def go() -> None:
+        link = transport(url)
+        try:
+            first = [conn_of(await call(link, "ok")) for _ in range(3)]
+            assert len(set(first)) == 1, first  # one keep-alive connection for all three
+            assert conn_of(await call(link, "eofbody")) == first[0]
+            assert conn_of(await call(link, "ok")) != first[0]  # that connection ended with its body
+        finally:
+            await link.aclose()
+    run(go, loop_factory=loop_factory)
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(url):
+    async def go() -> None:
+        link = transport(url)
+        try:
+            before = conn_of(await call(link, "closeafter"))
+            await asyncio.sleep(0.4)
+            assert conn_of(await call(link, "ok")) != before
+        finally:
+            await link.aclose()
+    run(go)
+
+
+def test_a_reply_nobody_asked_for_is_never_read_as_the_next_one(url):
+    async def go() -> None:
+        link = transport(url)
+        try:
+            first = conn_of(await call(link, "twice"))
+            await asyncio.sleep(0.1)  # the stray reply is in by now
+            second = await call(link, "ok")
+            assert conn_of(second) != first  # the connection that carried the stray reply was dropped
+        finally:
+            await link.aclose()
+    run(go)
+
+
+@pytest.mark.parametrize(("mode", "error", "says"), [
+    ("garbage", ServerError, "not HTTP/1.1"),
+    ("bighead", ServerError, "headers are over 65536 bytes"),
+    ("cut", BackendUnavailable, "cannot be reached .*Dropped"),
+    ("hang", BackendTimeout, "read_timeout=0.5"),
+])
+@LOOPS
+def test_a_broken_answer_is_a_typed_error_and_the_next_call_works(url, mode, error, says, loop_factory):
+    async def go() -> None:
+        link = transport(url, read=0.5, max_connections=1)
+        try:
+            with pytest.raises(error, match=says):
+                await call(link, mode)
+            conn_of(await call(link, "ok"))  # one connection allowed: the broken one was given back closed
+        finally:
+            await link.aclose()
+    run(go, loop_factory=loop_factory)
+
+
+def test_the_pool_holds_at_most_max_connections_and_every_call_gets_its_answer(url):
+    async def go() -> None:
+        link = transport(url, max_connections=2)
+        try:
+            results = await asyncio.gather(*(call(link, "slowok") for _ in range(6)))
+            conns = {conn_of(r) for r in results}
+            assert len(conns) <= 2, conns
+        finally:
+            await link.aclose()
+    run(go)
+
+
+def test_a_cancelled_call_does_not_leave_its_connection_behind(url):
+    async def go() -> None:
+        link = transport(url, max_connections=1)
+        try:
+            task = asyncio.ensure_future(call(link, "hang"))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # the only connection was mid-response: reusing it would read the hung answer's rest
+            conn_of(await asyncio.wait_for(call(link, "ok"), 5))
+        finally:
+            await link.aclose()
+    run(go)
+
+
+def test_closing_the_transport_ends_a_call_in_flight(url):
+    async def go() -> None:
+        link = transport(url, read=30.0)
+        task = asyncio.ensure_future(call(link, "hang"))
+        await asyncio.sleep(0.3)
+        await link.aclose()
+        with pytest.raises(BackendUnavailable, match="closed"):
+            await asyncio.wait_for(task, 5)
+    run(go)
+
+
+# -- whatever the bytes: a result or a typed error, within the read limit ------------------------------
+_HEADERS = st.sampled_from([
+    "content-type: text/event-stream", "content-type: application/json", "transfer-encoding: chunked",
+    "content-length: 0", "content-length: 5", "content-length: 999999", "content-length: -1",
+    "connection: close", "connection: keep-alive", "transfer-encoding: gzip", "x: \x00\xff",
+])
+_BODIES = st.sampled_from([
+    "", "event: end\ndata: {\"ok\": true}\n\n", "event: end\ndata: {\"ok\": tru", "5\r\nevent\r\n0\r\n\r\n",
+    "zz\r\nnope\r\n", "event: error\ndata: boom\n\n", "data: x\n\n" * 50, "\r\n\r\n", "event: end\ndata: [1, 2]\n\n",
+])
+_RESPONSES = st.one_of(
+    st.text(alphabet=st.characters(max_codepoint=255), max_size=300),
+    st.builds(lambda status, headers, body: f"HTTP/1.1 {status} X\r\n" + "".join(h + "\r\n" for h in headers)
+              + "\r\n" + body,
+              st.sampled_from(["200", "204", "404", "503", "99", "1000", "abc"]),
+              st.lists(_HEADERS, max_size=4), _BODIES),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_RESPONSES)
+def test_any_answer_gives_a_result_or_a_typed_error_in_bounded_time(url, raw):
+    async def go() -> None:
+        link = transport(url, read=1.0)
+        try:
+            try:
+                result = await asyncio.wait_for(call(link, "raw", raw), 10)
+            except OpenEnvGymError:  # the package's own, typed (an HTTP 4xx is a ConfigurationError)
+                return
+            assert isinstance(result, (RunToolResult, str))
+        finally:
+            await link.aclose()
+    run(go)
+
