@@ -106,23 +106,20 @@ class CallerLoop:
     def _run(self, coro: Coroutine[Any, Any, T], budget: float | None, timeout: float | None,
              what: str | None, limit: str) -> T:
         loop = self._loop
-        task = self._task = loop.create_task(coro)
+        task = self._task = loop.create_task(_stopping(coro, loop))
         if budget is not None:
             self._deadline = loop.time() + budget
         self._started = loop.time()
         try:
-            loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            if self._why is None:  # cancelled by close() from another thread
-                raise RuntimeClosed("the environment was closed while this call ran") from None
-        except RuntimeError:
-            if task.done() or self._why is None:  # not "loop stopped": the coroutine's own error
-                raise
+            # run_forever, stopped by the call itself as it ends: run_until_complete would stop
+            # the loop from the task's done callback, one more pass of the loop per call (a fifth
+            # of what a Verifiers step adds, benchmarks/verifiers_v0_bench.py)
+            loop.run_forever()
         except BaseException:  # an exception raised by a handler of the user's, or a second Ctrl-C
             if self._why is None and not task.done():
                 self._cut("interrupt")
                 with contextlib.suppress(BaseException):
-                    loop.run_until_complete(task)
+                    loop.run_forever()  # until the cancelled call ends, or the cancel grace
             raise
         finally:
             restore, self._restore = self._restore, None
@@ -131,9 +128,13 @@ class CallerLoop:
         why = self._why
         if why == "interrupt":
             raise KeyboardInterrupt
-        if why is not None and (not task.done() or task.cancelled()):
+        if task.done() and not task.cancelled():
+            return task.result()  # its value or its error (also after a timeout it outlived)
+        if why is not None:
             raise timed_out(budget, timeout, what, limit)
-        return task.result()
+        if task.cancelled():  # cancelled by close() from another thread
+            raise RuntimeClosed("the environment was closed while this call ran")
+        raise RuntimeError("the environment's event loop was stopped before its call ended")
 
     def _cut(self, reason: str) -> None:
         """Cancel the running call; a call deaf to its cancel is left after the cancel grace."""
@@ -235,6 +236,14 @@ class CallerLoop:
             threading.Thread(target=self.close, args=(coro, CANCEL_GRACE), name="openenv-gym-close").start()
         except RuntimeError:  # the interpreter is shutting down
             coro.close()
+
+
+async def _stopping(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
+    """``coro``, stopping ``loop`` as it ends: the loop's ``run_forever`` returns in the same pass."""
+    try:
+        return await coro
+    finally:
+        loop.stop()
 
 
 def _nothing() -> None:
