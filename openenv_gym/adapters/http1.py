@@ -1,12 +1,12 @@
-"""Keep-alive HTTP/1.1 connections to one plain-HTTP server, parsed by httptools: the tool-call path.
+"""Keep-alive HTTP/1.1 connections to one plain-HTTP server, parsed by httptools.
 
-Why not aiohttp here: a tool call is one small POST answered by a short SSE stream, and
-aiohttp's request machinery (its request and response objects, cookie jar, header multidicts,
-a writer task per request, a timer per read) cost about 170 us of client CPU per call at 64
-concurrent sessions, more than all of openenv_gym's own work for a step
+Why not aiohttp here: an ORS request is small (a tool call is one POST answered by a short SSE
+stream), and aiohttp's request machinery (its request and response objects, cookie jar, header
+multidicts, a writer task per request, a timer per read) cost about 170 us of client CPU per
+call at 64 concurrent sessions, more than all of openenv_gym's own work for a step
 (``benchmarks/vector.py --only client``). Here a request is one ``write`` of pre-rendered bytes
 and the answer is parsed in C by httptools (llhttp, the parser uvicorn serves with) as it
-arrives. :class:`~openenv_gym.adapters.ors_transport.ORSTransport` uses it for tool calls to
+arrives. :class:`~openenv_gym.adapters.ors_transport.ORSTransport` uses it for every request to
 ``http://`` and ``unix:`` servers reached without a proxy (every local server, and the usual
 remote one on a cluster); TLS and proxies keep aiohttp.
 
@@ -60,7 +60,7 @@ def usable(url: str) -> bool:
 class Response(asyncio.Protocol):
     """One connection, and the response to the request it is running.
 
-    The pool hands it out by :meth:`Pool.post` once the response's headers are in; the caller
+    The pool hands it out by :meth:`Pool.request` once the response's headers are in; the caller
     reads the body with :meth:`readany` and ends with ``async with`` (or :meth:`release`), which
     returns the connection to the pool or closes it.
     """
@@ -284,18 +284,18 @@ class Pool:
         self._all: set[Response] = set()
         self.closed = False
 
-    async def post(self, path: str, body: bytes, extra: str) -> Response:
-        """Send ``POST path`` with ``body`` and the header lines ``extra`` (each ending in CRLF,
-        none holding another line break: the caller's to check); returns once the response's
-        headers are in.
+    async def request(self, method: str, path: str, body: bytes | None, extra: str) -> Response:
+        """Send ``method path`` with ``body`` (``None``: none, as for a GET) and the header lines
+        ``extra`` (each ending in CRLF, none holding another line break: the caller's to check);
+        returns once the response's headers are in.
 
         Raises :class:`Refused` (nothing was sent), :class:`Dropped` or :class:`BadResponse`.
         """
-        head = (f"POST {quote(path, safe='/')} HTTP/1.1\r\n{self._common}{extra}"
-                f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        length = "" if body is None and method == "GET" else f"Content-Length: {len(body or b'')}\r\n"
+        head = f"{method} {quote(path, safe='/')} HTTP/1.1\r\n{self._common}{extra}{length}\r\n".encode("latin-1")
         conn = await self._acquire()
         try:
-            conn._send(head + body)
+            conn._send(head + body if body else head)
             while not conn.has_head:
                 await conn._wait()
         except BaseException:

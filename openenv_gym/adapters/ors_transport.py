@@ -243,12 +243,12 @@ class _StreamEnded(aiohttp.ClientPayloadError):
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, _Retry503))
+    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, http1.Refused, _Retry503))
 
 
 def _refused(exc: BaseException) -> bool:
     # For requests that must not run twice: only a refused connection or a 503 proves they did not.
-    return isinstance(exc, (aiohttp.ClientConnectorError, _Retry503))
+    return isinstance(exc, (aiohttp.ClientConnectorError, http1.Refused, _Retry503))
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -426,9 +426,9 @@ class ORSTransport:
         self._client = aiohttp.ClientSession(
             connector=connector, timeout=_client_timeout(timeouts), headers={**(headers or {}), **environment.headers},
             auto_decompress=True)
-        # Tool calls, the hot path, over plain HTTP without a proxy: http1's own connections
-        # (aiohttp's request machinery costs more client CPU than the rest of a step)
-        self._calls = (http1.Pool(url, {**(headers or {}), **environment.headers}, max_connections)
+        # Plain HTTP without a proxy: http1's own connections for every request (aiohttp's
+        # request machinery costs more client CPU than the rest of a step); aiohttp otherwise
+        self._plain = (http1.Pool(url, {**(headers or {}), **environment.headers}, max_connections)
                        if http1.usable(url) and not self._options else None)
 
     async def aclose(self) -> None:
@@ -439,8 +439,8 @@ class ORSTransport:
             if task is not current and not task.done():
                 self._ended_by_close.add(task)
                 task.cancel()
-        if self._calls is not None:
-            self._calls.close()
+        if self._plain is not None:
+            self._plain.close()
         await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
@@ -522,6 +522,16 @@ class ORSTransport:
                     check: bool, timeout: float | None) -> Reply:
         if self.closed:
             raise BackendUnavailable(self._closed_text())
+        if self._plain is not None:
+            what = f"{method} {path}"
+            exchange = self._exchange(method, path, content, headers, what)
+            if timeout is None:  # connect_timeout and read_timeout, as aiohttp's session bounds them
+                reply = await self._waited(exchange, what, self.timeouts.connect + self.timeouts.read)
+            else:
+                reply = await self._deadlines.within(exchange, timeout, what, "its timeout")
+            if check:
+                raise_for_status(reply, what)
+            return reply
         # aiohttp reads timeout=None as "no limit at all": pass one only to override the session's.
         limits: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
         async with self._client.request(method, self._base + path, data=content, headers=headers, **self._options,
@@ -530,6 +540,18 @@ class ORSTransport:
         if check:
             raise_for_status(reply, f"{method} {path}")
         return reply
+
+    async def _exchange(self, method: str, path: str, content: bytes | None, headers: dict[str, str] | None,
+                        what: str) -> Reply:
+        """One request on the plain-HTTP pool, its answer read whole."""
+        assert self._plain is not None
+        lines = ""
+        for name, value in (headers or {}).items():
+            if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                raise ConfigurationError(f"{what}: an HTTP header may not contain a line break")
+            lines += f"{name}: {value}\r\n"
+        async with await self._plain.request(method, path, content, lines) as response:
+            return Reply(response.status, response.headers, await self._read(response, what))
 
     async def request(
         self,
@@ -571,7 +593,7 @@ class ORSTransport:
         """``POST /delete``, best effort: a server that is gone or slow reaps the session itself."""
         try:
             await self._send("POST", "/delete", None, {"X-Session-ID": sid}, False, timeout)
-        except (aiohttp.ClientError, OSError, TimeoutError, BackendError, RuntimeError):
+        except (aiohttp.ClientError, OSError, TimeoutError, BackendError, RuntimeError, http1.BadResponse):
             pass  # the server's reaper ends the session after 900 s idle
 
     # -- the ORS routes the adapter uses (an env run in this process answers the same calls:
@@ -625,7 +647,7 @@ class ORSTransport:
             raise ConfigurationError("a session id may not contain a line break")
         headers = {"X-Session-ID": sid, **_SSE}
         lines = f"X-Session-ID: {sid}\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\n"
-        calls = self._calls
+        plain = self._plain
         task_id: str | None = None
         outcome: RunToolResult | str | None = None
         backoff = runtime.Backoff(base=0.2, cap=2.0)
@@ -645,7 +667,7 @@ class ORSTransport:
                     # deadlines rather than aiohttp's sock_read timer, which is re-armed on every
                     # chunk (a step's timers cost more than the rest of its client-side work)
                     response: aiohttp.ClientResponse | http1.Response = await self._waited(
-                        calls.post(path, content, lines) if calls is not None else
+                        plain.request("POST", path, content, lines) if plain is not None else
                         self._client.post(self._base + path, data=content, headers=headers,
                                           timeout=self._stream_timeout, **self._options),
                         what, self.timeouts.connect + self.timeouts.read)

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from openenv_gym.adapters.ors_transport import ORSTransport, RunToolResult, Timeouts
-from openenv_gym.errors import BackendTimeout, BackendUnavailable, OpenEnvGymError, ServerError
+from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError, OpenEnvGymError, ServerError
 from openenv_gym.testing import procs
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,7 +43,7 @@ def url() -> Iterator[str]:
 
 def transport(url: str, *, read: float = 2.0, max_connections: int = 4) -> ORSTransport:
     link = ORSTransport(url, timeouts=Timeouts(connect=2.0, read=read), max_connections=max_connections)
-    assert link._calls is not None, "plain http without a proxy takes http1's connections"
+    assert link._plain is not None, "plain http without a proxy takes http1's connections"
     return link
 
 
@@ -87,6 +87,21 @@ def test_calls_reuse_one_connection_and_a_body_ended_by_close_is_read_whole(url,
         finally:
             await link.aclose()
     run(go, loop_factory=loop_factory)
+
+
+def test_plain_requests_share_the_pool_and_a_header_cannot_smuggle_a_line(url):
+    async def go() -> None:
+        link = transport(url)
+        try:
+            first = conn_of(await call(link, "ok"))
+            reply = await link.request("GET", "/ok/prompt", sid="s1")  # read whole, on the same connection
+            assert reply.status_code == 200 and f'"text": "{first}"' in reply.text, reply
+            with pytest.raises(ConfigurationError, match="line break"):
+                await link.request("GET", "/ok/prompt", headers={"X-Note": "a\r\nX-Injected: 1"})
+            assert conn_of(await call(link, "ok")) == first
+        finally:
+            await link.aclose()
+    run(go)
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced(url):
