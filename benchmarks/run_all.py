@@ -56,7 +56,7 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("serve", "serve_bench.py", ["--rounds", "5"], ["--rounds", "1", "--seconds", "2"], ["ors", "openenv", "websockets"], 1800),
 ]
 
-PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httpx", "ray", "ors-sdk", "openreward", "openenv",
+PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httptools", "httpx", "ray", "ors-sdk", "openreward", "openenv",
             "verifiers", "mcp", "websockets"]
 
 
