@@ -20,6 +20,7 @@ bytes nobody asked for) closes it, so a reply can never be read as a later reque
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, cast
@@ -34,6 +35,14 @@ HEAD_LIMIT = 64 * 1024
 
 BUFFER = 256 * 1024
 """Bytes of a response body held unread before the connection stops reading from the socket."""
+
+IDLE_LIMIT = 2.0
+"""Seconds a connection may sit idle and still be reused; an older one is closed instead.
+
+A server closes idle connections after its keep-alive limit (uvicorn, which the ORS SDKs serve
+with: 5 s). A request written as the server closes the connection is lost without an answer,
+and a tool call that may have started is never retried blindly; staying well below the
+server's limit means a reused connection is never one the server is closing."""
 
 
 class Refused(ConnectionError):
@@ -84,6 +93,8 @@ class Response(asyncio.Protocol):
         """The response's headers, names in lower case."""
         self.complete = False
         self.has_head = False
+        self.idle_since = 0.0
+        """When the connection last went back to the pool (``time.monotonic()``)."""
 
     # -- the connection's events (asyncio.Protocol and httptools' callbacks) -----------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -237,7 +248,8 @@ class Response(asyncio.Protocol):
         """Return the connection to the pool if its response ended and the server keeps it open."""
         if self.closed:
             return
-        if self.complete and not self._chunks and self._keep and self.error is None:
+        if self.complete and not self._chunks and self._keep and self.error is None and not self._pool.closed:
+            self.idle_since = time.monotonic()
             self._pool._idle.append(self)
             self._pool._hand_over()
         else:
@@ -307,10 +319,15 @@ class Pool:
         while True:
             if self.closed:
                 raise Dropped("the connection pool is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
+            if self._idle:
+                oldest = time.monotonic() - IDLE_LIMIT
+                while self._idle:
+                    conn = self._idle.pop()
+                    if conn.closed:
+                        continue
+                    if conn.idle_since >= oldest:
+                        return conn
+                    conn.close()
             if self._open < self._max:
                 self._open += 1
                 try:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from openenv_gym.adapters import http1
 from openenv_gym.adapters.ors_transport import ORSTransport, RunToolResult, Timeouts
 from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError, OpenEnvGymError, ServerError
 from openenv_gym.testing import procs
@@ -99,6 +100,23 @@ def test_plain_requests_share_the_pool_and_a_header_cannot_smuggle_a_line(url):
             with pytest.raises(ConfigurationError, match="line break"):
                 await link.request("GET", "/ok/prompt", headers={"X-Note": "a\r\nX-Injected: 1"})
             assert conn_of(await call(link, "ok")) == first
+        finally:
+            await link.aclose()
+    run(go)
+
+
+def test_a_connection_idle_past_the_limit_is_not_reused(url, monkeypatch):
+    """A server closes idle connections after its keep-alive limit (uvicorn: 5 s); a request written
+    as it does would be lost, so the pool never reuses a connection near that age."""
+    monkeypatch.setattr(http1, "IDLE_LIMIT", 0.2)
+
+    async def go() -> None:
+        link = transport(url)
+        try:
+            first = conn_of(await call(link, "ok"))
+            assert conn_of(await call(link, "ok")) == first
+            await asyncio.sleep(0.35)
+            assert conn_of(await call(link, "ok")) != first
         finally:
             await link.aclose()
     run(go)
