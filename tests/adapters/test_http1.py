@@ -10,9 +10,10 @@ error within the read limit, never a hang or a foreign exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,15 @@ def transport(url: str, *, read: float = 2.0, max_connections: int = 4) -> ORSTr
     return link
 
 
+@contextlib.asynccontextmanager
+async def linked(url: str, **kwargs) -> AsyncIterator[ORSTransport]:
+    link = transport(url, **kwargs)
+    try:
+        yield link
+    finally:
+        await link.aclose()
+
+
 async def call(link: ORSTransport, mode: str, raw: str | None = None) -> RunToolResult | str:
     return await link.call_tool(mode, "s1", "t", None if raw is None else {"raw": raw}, resume_attempts=0)
 
@@ -79,29 +89,23 @@ LOOPS = pytest.mark.parametrize("loop_factory", _loops(), ids=lambda f: "asyncio
 @LOOPS
 def test_calls_reuse_one_connection_and_a_body_ended_by_close_is_read_whole(url, loop_factory):
     async def go() -> None:
-        link = transport(url)
-        try:
+        async with linked(url) as link:
             first = [conn_of(await call(link, "ok")) for _ in range(3)]
             assert len(set(first)) == 1, first  # one keep-alive connection for all three
             assert conn_of(await call(link, "eofbody")) == first[0]
             assert conn_of(await call(link, "ok")) != first[0]  # that connection ended with its body
-        finally:
-            await link.aclose()
     run(go, loop_factory=loop_factory)
 
 
 def test_plain_requests_share_the_pool_and_a_header_cannot_smuggle_a_line(url):
     async def go() -> None:
-        link = transport(url)
-        try:
+        async with linked(url) as link:
             first = conn_of(await call(link, "ok"))
             reply = await link.request("GET", "/ok/prompt", sid="s1")  # read whole, on the same connection
             assert reply.status_code == 200 and f'"text": "{first}"' in reply.text, reply
             with pytest.raises(ConfigurationError, match="line break"):
                 await link.request("GET", "/ok/prompt", headers={"X-Note": "a\r\nX-Injected: 1"})
             assert conn_of(await call(link, "ok")) == first
-        finally:
-            await link.aclose()
     run(go)
 
 
@@ -111,39 +115,30 @@ def test_a_connection_idle_past_the_limit_is_not_reused(url, monkeypatch):
     monkeypatch.setattr(http1, "IDLE_LIMIT", 0.2)
 
     async def go() -> None:
-        link = transport(url)
-        try:
+        async with linked(url) as link:
             first = conn_of(await call(link, "ok"))
             assert conn_of(await call(link, "ok")) == first
             await asyncio.sleep(0.35)
             assert conn_of(await call(link, "ok")) != first
-        finally:
-            await link.aclose()
     run(go)
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced(url):
     async def go() -> None:
-        link = transport(url)
-        try:
+        async with linked(url) as link:
             before = conn_of(await call(link, "closeafter"))
             await asyncio.sleep(0.4)
             assert conn_of(await call(link, "ok")) != before
-        finally:
-            await link.aclose()
     run(go)
 
 
 def test_a_reply_nobody_asked_for_is_never_read_as_the_next_one(url):
     async def go() -> None:
-        link = transport(url)
-        try:
+        async with linked(url) as link:
             first = conn_of(await call(link, "twice"))
             await asyncio.sleep(0.1)  # the stray reply is in by now
             second = await call(link, "ok")
             assert conn_of(second) != first  # the connection that carried the stray reply was dropped
-        finally:
-            await link.aclose()
     run(go)
 
 
@@ -156,32 +151,25 @@ def test_a_reply_nobody_asked_for_is_never_read_as_the_next_one(url):
 @LOOPS
 def test_a_broken_answer_is_a_typed_error_and_the_next_call_works(url, mode, error, says, loop_factory):
     async def go() -> None:
-        link = transport(url, read=0.5, max_connections=1)
-        try:
+        async with linked(url, read=0.5, max_connections=1) as link:
             with pytest.raises(error, match=says):
                 await call(link, mode)
             conn_of(await call(link, "ok"))  # one connection allowed: the broken one was given back closed
-        finally:
-            await link.aclose()
     run(go, loop_factory=loop_factory)
 
 
 def test_the_pool_holds_at_most_max_connections_and_every_call_gets_its_answer(url):
     async def go() -> None:
-        link = transport(url, max_connections=2)
-        try:
+        async with linked(url, max_connections=2) as link:
             results = await asyncio.gather(*(call(link, "slowok") for _ in range(6)))
             conns = {conn_of(r) for r in results}
             assert len(conns) <= 2, conns
-        finally:
-            await link.aclose()
     run(go)
 
 
 def test_a_cancelled_call_does_not_leave_its_connection_behind(url):
     async def go() -> None:
-        link = transport(url, max_connections=1)
-        try:
+        async with linked(url, max_connections=1) as link:
             task = asyncio.ensure_future(call(link, "hang"))
             await asyncio.sleep(0.3)
             task.cancel()
@@ -189,8 +177,6 @@ def test_a_cancelled_call_does_not_leave_its_connection_behind(url):
                 await task
             # the only connection was mid-response: reusing it would read the hung answer's rest
             conn_of(await asyncio.wait_for(call(link, "ok"), 5))
-        finally:
-            await link.aclose()
     run(go)
 
 
@@ -228,14 +214,11 @@ _RESPONSES = st.one_of(
 @given(raw=_RESPONSES)
 def test_any_answer_gives_a_result_or_a_typed_error_in_bounded_time(url, raw):
     async def go() -> None:
-        link = transport(url, read=1.0)
-        try:
+        async with linked(url, read=1.0) as link:
             try:
                 result = await asyncio.wait_for(call(link, "raw", raw), 10)
             except OpenEnvGymError:  # the package's own, typed (an HTTP 4xx is a ConfigurationError)
                 return
             assert isinstance(result, (RunToolResult, str))
-        finally:
-            await link.aclose()
     run(go)
 
