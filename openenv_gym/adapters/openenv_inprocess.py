@@ -41,7 +41,6 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ from openenv_gym.errors import (
     ServerError,
     TaskNotFound,
 )
-from openenv_gym.runtime import Deadlines
+from openenv_gym.runtime import Deadlines, Worker
 
 __all__ = ["AppParts", "HereChannel", "InProcessOpenEnv", "load_parts"]
 
@@ -321,7 +320,7 @@ class HereChannel:
         self._link = link
         self._on_close = on_close
         self._env: Any = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: Worker | None = None
         self._holder: asyncio.Task[None] | None = None
         self._release: asyncio.Event | None = None
         self._counted = False
@@ -391,8 +390,8 @@ class HereChannel:
             raise reply_error({"message": str(exc), "code": "EXECUTION_ERROR"}, "step") from None
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        assert self._executor is not None
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        assert self._worker is not None
+        return await self._worker.run(fn, *args, **kwargs)
 
     async def _open(self) -> None:
         link, parts = self._link, self._link.parts
@@ -403,12 +402,13 @@ class HereChannel:
         link.sessions += 1
         parts.live += 1
         self._counted = True
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openenv-session")
+        # A daemon thread: a step that never returns must not keep the process from exiting
+        worker = self._worker = Worker("openenv-session")
         try:
-            # The first submit starts the session's thread, and Thread.start() blocks until it
-            # runs: from the loop, every other session would wait (3 ms a start on 2 busy cores).
-            built = await asyncio.to_thread(self._executor.submit, link.parts.factory)
-            env = await asyncio.wrap_future(built)
+            # Thread.start() blocks until the thread runs: from the loop, every other session
+            # would wait (3 ms a start on 2 busy cores).
+            await asyncio.to_thread(worker.start)
+            env = await worker.run(link.parts.factory)
         except Exception as exc:
             raise ProvisioningError(f"the environment factory {getattr(link.parts.factory, '__name__', '')!r} "
                                     f"failed: {type(exc).__name__}: {exc}") from None
@@ -445,26 +445,29 @@ class HereChannel:
             self._link.parts.live -= 1
         env, self._env = self._env, None
         holder, self._holder = self._holder, None
-        executor, self._executor = self._executor, None
+        worker, self._worker = self._worker, None
         if self._release is not None:
             self._release.set()
-        if env is not None or executor is not None:
-            self._link._teardown(self._end(env, holder, executor))
+        if env is not None or worker is not None:
+            self._link._teardown(self._end(env, holder, worker))
 
     @staticmethod
-    async def _end(env: Any, holder: asyncio.Task[None] | None, executor: ThreadPoolExecutor | None) -> None:
+    async def _end(env: Any, holder: asyncio.Task[None] | None, worker: Worker | None) -> None:
         try:
             async with asyncio.timeout(_CLOSE_LIMIT):
                 if holder is not None:
                     await asyncio.wait([holder])
-                if env is not None and executor is not None:
-                    await asyncio.get_running_loop().run_in_executor(executor, env.close)
+                if env is not None and worker is not None:
+                    if worker.busy:  # still in a call that timed out or was cancelled: close after
+                        worker.submit(env.close)  # it, if it ever returns, and do not wait for that
+                    else:
+                        await worker.run(env.close)
         except Exception:
             if holder is not None:
                 holder.cancel()
         finally:
-            if executor is not None:
-                executor.shutdown(wait=False)
+            if worker is not None:
+                worker.shutdown()
 
     async def aclose(self, timeout: float = 1.0) -> None:
         """End the session (never raises)."""

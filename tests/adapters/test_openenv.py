@@ -778,6 +778,48 @@ def test_in_process_single_session_env_is_one_per_process():
         second.close()
 
 
+_HUNG_STEP = """
+import sys, time
+import gymnasium as gym, openenv_gym
+env = gym.make("openenv/OpenEnv-v0", source=sys.argv[1], in_process=True, step_timeout=1.0)
+env.reset(seed=0)
+try:
+    env.step({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+              "function": {"name": "step", "arguments": '{"move": "STAY"}'}}]})
+except Exception as exc:
+    print("raised", type(exc).__name__, flush=True)
+if sys.argv[2] == "close":
+    start = time.monotonic()
+    env.close()
+    print("closed in", round(time.monotonic() - start, 1), flush=True)
+print("end", flush=True)
+"""
+
+
+@pytest.mark.parametrize("close", ["close", "forget"])
+def test_in_process_a_step_that_never_returns_does_not_hold_the_process(close):
+    """A sync step stuck for good (an hour's sleep): step_timeout gives up on it, close() returns at
+    once, and the process exits (the session's thread is a daemon: a thread pool's are joined at
+    exit, and this script then never ended)."""
+    process = subprocess.Popen([sys.executable, "-c", _HUNG_STEP, str(GRID), close], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "GRID_STAY_SECONDS": "3600"})
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line.strip())
+            if line.startswith("end"):
+                ended = time.monotonic()
+        process.wait(timeout=60)
+        exit_took = time.monotonic() - ended
+    finally:
+        process.kill()
+    assert lines[0] == "raised BackendTimeout", lines
+    if close == "close":
+        assert lines[1] == "closed in 0.0", lines
+    # unclosed, the exit hook closes it within its budget (runtime.EXIT_BUDGET, 5 s)
+    assert process.returncode == 0 and exit_took < 8, (process.returncode, exit_took)
+
+
 def test_in_process_refusals_are_configuration_errors(tmp_path):
     with pytest.raises(ConfigurationError, match="url= is a server elsewhere"):
         gym.make("openenv/OpenEnv-v0", url="http://127.0.0.1:1", in_process=True)
