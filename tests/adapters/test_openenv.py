@@ -332,6 +332,7 @@ def test_hung_server_times_out_and_the_socket_is_not_reused():
         server.stop()
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_slow_step_times_out_naming_the_limit():
     server = Uvicorn("openenv_grid_env", extra_env={"GRID_STAY_SECONDS": "3"}).wait()
     env = gym.make("openenv/OpenEnv-v0", url=server.url, read_timeout=0.5)
@@ -355,6 +356,7 @@ def test_slow_step_times_out_naming_the_limit():
         server.stop()
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_killed_server_is_unavailable_and_a_dropped_socket_between_episodes_reconnects():
     server = Uvicorn("openenv_grid_env").wait()
     env = gym.make("openenv/OpenEnv-v0", url=server.url)
@@ -397,6 +399,7 @@ def test_server_closing_the_socket_mid_episode(servers):
 
 # -- local sources -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_source_folder_is_served_privately_and_relaunched_after_a_kill():
     env = gym.make("openenv/OpenEnv-v0", source=str(TASKS))
     try:
@@ -549,6 +552,7 @@ def test_a_single_session_source_passes_check_env_and_a_default_make_vec():
     assert not any(pid_alive(p) for p in pids), "the processes started for capacity stop with the env"
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_a_single_session_server_learns_from_the_refusal_and_starts_another_process(tmp_path):
     """An app whose limit the launcher cannot read: the CAPACITY_REACHED reply states it."""
     import shutil
@@ -574,6 +578,7 @@ def test_a_single_session_server_learns_from_the_refusal_and_starts_another_proc
         first.close()
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_a_single_session_url_says_exactly_what_to_do():
     server = Uvicorn("openenv_solo_env").wait()
     first = gym.make("openenv/OpenEnv-v0", url=server.url)
@@ -796,6 +801,7 @@ print("end", flush=True)
 """
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 @pytest.mark.parametrize("close", ["close", "forget"])
 def test_in_process_a_step_that_never_returns_does_not_hold_the_process(close):
     """A sync step stuck for good (an hour's sleep): step_timeout gives up on it, close() returns at

@@ -406,6 +406,7 @@ def test_reset_racing_close_never_reopens_the_adapter():
 
 
 # -- timeouts name their limit; a hung server neither hangs reset nor close ------------------------
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 @pytest.mark.timeout(120)
 def test_a_sigstopped_server_gives_typed_timeouts_and_closes_within_5_s():
     env = gym.make("openenv/ORS-v0", source=PROBE, env_class="Probe", read_timeout=2.0, connect_timeout=1.0)

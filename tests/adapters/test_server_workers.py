@@ -224,6 +224,7 @@ def test_a_killed_worker_fails_only_its_sessions_within_30_s_and_is_restarted():
     assert wait_dead(now) == []
 
 
+@pytest.mark.slow  # a failure drill of many seconds: its own CI step (-m slow)
 def test_a_killed_openenv_worker_fails_only_its_episodes():
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, source=GRID, server_workers=2,
                         vector_options={"envs_per_client": 2})
