@@ -2,9 +2,9 @@
 
 Why not aiohttp here: an ORS request is small (a tool call is one POST answered by a short SSE
 stream), and aiohttp's request machinery (its request and response objects, cookie jar, header
-multidicts, a writer task per request, a timer per read) cost about 170 us of client CPU per
-call at 64 concurrent sessions, more than all of openenv_gym's own work for a step
-(``benchmarks/vector.py --only client``). Here a request is one ``write`` of pre-rendered bytes
+multidicts, a writer task per request, a timer per read) was the largest part of the client's
+CPU at 64 concurrent sessions (``benchmarks/vector.py --only client``: 426 us per env-step on
+aiohttp, 268 us on these connections). Here a request is one ``write`` of pre-rendered bytes
 and the answer is parsed in C by httptools (llhttp, the parser uvicorn serves with) as it
 arrives. :class:`~openenv_gym.adapters.ors_transport.ORSTransport` uses it for every request to
 ``http://`` and ``unix:`` servers reached without a proxy (every local server, and the usual

@@ -5,11 +5,11 @@ The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches the HTTP c
 stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
 encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
 
-The clients under it were chosen by measurement (``benchmarks/vector.py --only client``). Tool
-calls to a plain-HTTP server without a proxy (``http://`` or ``unix:``; every local server) run
-on :mod:`openenv_gym.adapters.http1`'s own keep-alive connections: aiohttp's request machinery
-cost about 170 us of client CPU per call at 64 concurrent sessions, more than the rest of a step.
-Every other request, and tool calls over TLS or a proxy, run on aiohttp: at 64 concurrent
+The clients under it were chosen by measurement (``benchmarks/vector.py --only client``). Every
+request to a plain-HTTP server without a proxy (``http://`` or ``unix:``; every local server)
+runs on :mod:`openenv_gym.adapters.http1`'s own keep-alive connections: aiohttp's request
+machinery was the largest part of the client's CPU at 64 concurrent sessions. Requests over TLS
+or a proxy run on aiohttp: at 64 concurrent
 sessions httpx spent several times aiohttp's client CPU per env-step, most of it in httpcore's
 pool scanning every connection for each request and in anyio's per-request cancel scopes. Other,
 colder paths (health checks, OpenEnv's HTTP endpoints, policies) keep httpx through
