@@ -103,10 +103,10 @@ class Response(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.has_head:  # counted here too: a header that never ends never reaches on_header
-            self._head += len(data)
-            if self._head > HEAD_LIMIT + len(data):
+            if self._head > HEAD_LIMIT:
                 self._fail(_head_too_large())
                 return
+            self._head += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
