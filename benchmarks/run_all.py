@@ -53,7 +53,8 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("soak", "soak.py", ["--num-envs", "1024", "--minutes", "5"], ["--num-envs", "128", "--minutes", "0.5"], [], 1500),
     # Runs itself under the TRL venv (.ci/trl.sh builds .venv-trl): the main venv has no TRL.
     ("trl_spec", "trl_spec.py", ["--reps", "7"], ["--reps", "2", "--calls", "5", "--tasks", "8"], [], 1200),
-    ("serve", "serve_bench.py", ["--rounds", "5"], ["--rounds", "1", "--seconds", "2"], ["ors", "openenv", "websockets"], 1800),
+    ("serve", "serve_bench.py", ["--rounds", "9", "--seconds", "3"], ["--rounds", "1", "--seconds", "2"],
+     ["ors", "openenv", "websockets"], 1800),
 ]
 
 PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httptools", "httpx", "ray", "ors-sdk", "openreward", "openenv",

@@ -11,8 +11,8 @@ fixture ``tests/envs/verifiers_v0/vf_calc_tool.py``: a ``multiply`` tool call, t
 * **gym**: ``AgentEnv.reset/step`` from the calling thread (adds the Gymnasium layer: action
   parsing and one hop to the runtime loop per call).
 
-Sides alternate in rounds (the machine is shared and noisy); the figures are medians of per-round
-ratios of steps per second, side / library (1.0 = no overhead).
+Sides alternate in rounds, each round in a turned order (the machine is shared and noisy); the
+figures are medians of per-round ratios of steps per second, side / library (1.0 = no overhead).
 
     python benchmarks/verifiers_v0_bench.py [--reps 5] [--episodes 200] [--json out.json]
 """
@@ -43,42 +43,52 @@ def _actions(index: int) -> list[Any]:
         str(a * b)]
 
 
+_scripted: type | None = None
+
+
 def _scripted_client(actions: list[Any]) -> Any:
-    import verifiers as vf
+    """A ``vf.Client`` answering each model call with the next of ``actions`` at once (the class is
+    built once, as a user's client class would be; only an instance per episode)."""
+    global _scripted
+    if _scripted is None:
+        import verifiers as vf
 
-    class Scripted(vf.Client):
-        def __init__(self) -> None:
-            super().__init__(None)
-            self.actions = list(actions)
+        class Scripted(vf.Client):
+            def __init__(self, actions: list[Any]) -> None:
+                super().__init__(None)
+                self.actions = actions
 
-        def setup_client(self, config): return None
-        async def to_native_tool(self, tool): return tool
-        async def to_native_prompt(self, messages): return messages, {}
-        async def get_native_response(self, *a, **k): raise NotImplementedError
-        async def raise_from_native_response(self, response): return None
-        async def from_native_response(self, response): return response
-        async def close(self): return None
+            def setup_client(self, config): return None
+            async def to_native_tool(self, tool): return tool
+            async def to_native_prompt(self, messages): return messages, {}
+            async def get_native_response(self, *a, **k): raise NotImplementedError
+            async def raise_from_native_response(self, response): return None
+            async def from_native_response(self, response): return response
+            async def close(self): return None
 
-        async def get_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-            action = self.actions.pop(0)
-            if isinstance(action, str):
-                message = vf.ResponseMessage(content=action, finish_reason="stop", is_truncated=False)
-            else:
-                c = action["tool_calls"][0]
-                message = vf.ResponseMessage(
-                    content=None, finish_reason="tool_calls", is_truncated=False,
-                    tool_calls=[vf.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])])
-            return vf.Response(id="bench", created=0, model=model, message=message)
+            async def get_response(self, prompt, model, sampling_args, tools=None, **kwargs):
+                action = self.actions.pop(0)
+                if isinstance(action, str):
+                    message = vf.ResponseMessage(content=action, finish_reason="stop", is_truncated=False)
+                else:
+                    c = action["tool_calls"][0]
+                    message = vf.ResponseMessage(
+                        content=None, finish_reason="tool_calls", is_truncated=False,
+                        tool_calls=[vf.ToolCall(id=c["id"], name=c["function"]["name"],
+                                                arguments=c["function"]["arguments"])])
+                return vf.Response(id="bench", created=0, model=model, message=message)
 
-    return Scripted()
+        _scripted = Scripted
+    return _scripted(list(actions))
 
 
 async def _library(adapter: VerifiersV0Adapter, rows: list[dict], episodes: int) -> tuple[int, float, float]:
     steps, total = 0, 0.0
+    actions = [_actions(i) for i in range(len(rows))]  # made once, as the other sides' are
     start = time.perf_counter()
     for n in range(episodes):
         i = n % len(rows)
-        out = await adapter.env.run_rollout(rows[i], _scripted_client(_actions(i)), adapter.model,
+        out = await adapter.env.run_rollout(rows[i], _scripted_client(actions[i]), adapter.model,
                                             dict(adapter.sampling_args))
         steps, total = steps + 2, total + out["reward"]
     return steps, time.perf_counter() - start, total
@@ -125,10 +135,14 @@ def bench_v0(reps: int = 5, episodes: int = 200, source: str | Path = SOURCE) ->
         runtime.run_sync(_library(adapter, rows, 10))
         runtime.run_sync(_episodes(adapter, 10))
         _gym(env, 10)
-        for _ in range(reps):
-            lib = runtime.run_sync(_library(adapter, rows, episodes))
-            epi = runtime.run_sync(_episodes(adapter, episodes))
-            gym_ = _gym(env, episodes)
+        sides = {"library": lambda: runtime.run_sync(_library(adapter, rows, episodes)),
+                 "episode": lambda: runtime.run_sync(_episodes(adapter, episodes)),
+                 "gym": lambda: _gym(env, episodes)}
+        for k in range(reps):
+            # The order turns each round, so that no side always runs first (or last) in a round.
+            order = list(sides)[k % 3:] + list(sides)[:k % 3]
+            got = {name: sides[name]() for name in order}
+            lib, epi, gym_ = got["library"], got["episode"], got["gym"]
             assert lib[2] == epi[2] == gym_[2] == episodes, (lib, epi, gym_)  # every episode won
             rate = {name: s / t for name, (s, t, _) in (("library", lib), ("episode", epi), ("gym", gym_))}
             rounds.append({**{f"{k}_steps_per_s": v for k, v in rate.items()},

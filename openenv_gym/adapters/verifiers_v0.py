@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -653,10 +653,10 @@ class VerifiersV0Episode(Episode):
         self._request = loop.create_future()
         client = _queue_client_class()(self)
         self._task = loop.create_task(
-            adapter.env.run_rollout(row, client, adapter.model, dict(adapter.sampling_args)),
+            self._rollout(adapter.env.run_rollout(row, client, adapter.model, dict(adapter.sampling_args))),
             name=f"verifiers-v0 rollout {self.task_id}",
         )
-        self._task.add_done_callback(self._on_rollout_done)
+        self._task.add_done_callback(self._on_rollout_done)  # a rollout cancelled before it ran
         adapter._episodes.add(self)
         try:
             request = await self._next_request()
@@ -758,7 +758,15 @@ class VerifiersV0Episode(Episode):
             raise BackendTimeout(
                 f"the Verifiers environment took more than {timeout} s to answer an action (rollout_timeout)") from None
 
-    def _on_rollout_done(self, task: asyncio.Task[Any]) -> None:
+    async def _rollout(self, run: Coroutine[Any, Any, Any]) -> Any:
+        """The library's rollout, telling the episode it ended as its last act (a done-callback
+        would be run one pass of the loop later, and the episode woken one pass after that)."""
+        try:
+            return await run
+        finally:
+            self._on_rollout_done(None)
+
+    def _on_rollout_done(self, task: asyncio.Task[Any] | None) -> None:
         request = self._request
         if request is not None and not request.done():
             request.set_result(None)
