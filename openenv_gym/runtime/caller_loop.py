@@ -33,8 +33,8 @@ class CallerLoop:
     environment (benchmarks/verifiers_v0_bench.py). A backend whose work all happens inside the
     calls (no connection pool, server or background task that must go on between them, see
     :attr:`~openenv_gym.adapters.base.Adapter.caller_thread`) can instead run on a loop of its own
-    that the caller's thread drives only while a call lasts (``loop.run_until_complete``): no
-    hop, no wake-up.
+    that the caller's thread drives only while a call lasts (``loop.run_forever``, stopped by the
+    call as it ends): no hop, no wake-up.
 
     :meth:`run` keeps ``run_sync``'s contract: the timeout cancels the coroutine and raises
     :class:`BackendTimeout` naming the limit; Ctrl-C cancels it, lets the cancellation run through
