@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -407,3 +410,66 @@ def test_caller_loop_a_timer_due_between_calls_fires_before_the_next_call_goes_o
     runner.run(arm(), 5)
     time.sleep(0.1)
     assert runner.run(look(), 5) is True
+
+
+def test_daemon_executor_runs_calls_as_a_thread_pool_does():
+    """What a loop's executor must do: calls in parallel up to max_workers (then queued), results
+    and errors through the futures, the unstarted calls cancelled by shutdown, none after it."""
+    pool = runtime.DaemonExecutor(max_workers=3, thread_name_prefix="test-daemon")
+    assert isinstance(pool, concurrent.futures.ThreadPoolExecutor)  # what set_default_executor takes
+    together = threading.Barrier(3, timeout=10)  # three calls that can end only together
+    futures = [pool.submit(lambda i=i: (together.wait(), i)[1]) for i in range(3)]
+    assert [f.result(timeout=10) for f in futures] == [0, 1, 2]
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=10)
+    names = {pool.submit(lambda: threading.current_thread().name).result(timeout=10) for _ in range(20)}
+    assert names <= {"test-daemon_0", "test-daemon_1", "test-daemon_2"}
+    release, started = threading.Event(), threading.Semaphore(0)
+    busy = [pool.submit(lambda: (started.release(), release.wait(10))[1]) for _ in range(3)]
+    assert all(started.acquire(timeout=10) for _ in range(3))  # every thread held
+    queued = pool.submit(lambda: "never")
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert queued.cancelled()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(lambda: None)
+    release.set()
+    assert all(f.result(timeout=10) is True for f in busy)
+
+    async def on_loop() -> str:
+        return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(runtime.DaemonExecutor(thread_name_prefix="test-loop"))
+    try:
+        assert loop.run_until_complete(on_loop()) == "test-loop_0"
+    finally:
+        loop.close()
+
+
+_HUNG_THREAD = """
+import asyncio, threading
+from openenv_gym import runtime
+from openenv_gym.errors import BackendTimeout
+
+async def hang():
+    await asyncio.to_thread(threading.Event().wait)  # a library's blocking call that never returns
+
+for run in (runtime.run_sync, runtime.CallerLoop().run):
+    try:
+        run(hang(), 0.5)
+    except BackendTimeout:
+        print("timed out", flush=True)
+print("end", flush=True)
+"""
+
+
+def test_a_blocking_call_that_never_returns_does_not_hold_the_exit():
+    """A library's ``to_thread`` call stuck for good, on the runtime loop and on an env's own loop:
+    the timeout gives up on it and the script ends (both loops' executors are daemon threads; a
+    ThreadPoolExecutor's are joined at exit, and this script then never ended)."""
+    process = subprocess.Popen([sys.executable, "-c", _HUNG_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert out.split() == ["timed", "out", "timed", "out", "end"] and process.returncode == 0, (out, process.returncode)

@@ -11,7 +11,8 @@ one module a job:
   name themselves;
 * :mod:`~openenv_gym.runtime.retry`: :func:`retry` with :class:`Backoff`;
 * :mod:`~openenv_gym.runtime.worker`: :class:`Worker`, a daemon thread for one session's blocking
-  calls (a call that never returns does not hold up interpreter exit).
+  calls, and :class:`DaemonExecutor`, a pool of them that event loops take as their executor (a
+  call that never returns does not hold up interpreter exit).
 
 The module-level functions here are the process's :class:`~openenv_gym.runtime.loop.Runtime`'s
 methods. Only public asyncio APIs are used.
@@ -24,12 +25,12 @@ from openenv_gym.runtime.caller_loop import CallerLoop
 from openenv_gym.runtime.deadlines import Deadlines, within
 from openenv_gym.runtime.loop import EXIT_BUDGET, RUNTIME, Runtime
 from openenv_gym.runtime.retry import Backoff, retry
-from openenv_gym.runtime.worker import Worker
+from openenv_gym.runtime.worker import DaemonExecutor, Worker
 
 __all__ = [
     "get_loop", "run_sync", "submit", "post", "on_runtime", "retry", "Backoff", "track", "untrack",
     "RuntimeClosed", "EXIT_BUDGET", "within", "Deadlines", "close_later", "CallerLoop", "Runtime", "RUNTIME",
-    "in_runtime_thread", "Worker",
+    "in_runtime_thread", "Worker", "DaemonExecutor",
 ]
 
 get_loop = RUNTIME.get_loop

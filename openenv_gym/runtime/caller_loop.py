@@ -8,7 +8,6 @@ call, by running on a loop the caller's own thread drives while the call lasts.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import signal
 import sys
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 
 from openenv_gym.errors import RuntimeClosed
 from openenv_gym.runtime.loop import CANCEL_GRACE, RUNTIME, WAIT_SLICE, quiet_about_pending_tasks, timed_out
+from openenv_gym.runtime.worker import DaemonExecutor
 
 __all__ = ["CallerLoop"]
 
@@ -48,9 +48,9 @@ class CallerLoop:
 
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
-        # A default executor of our own, so closing can leave a hung worker behind (and uvloop
-        # does not expose its own).
-        self._executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="openenv-gym-env")
+        # A default executor of our own, of daemon threads: closing can leave a hung worker
+        # behind, and a call hung in it (a library's to_thread) does not hold up the exit.
+        self._executor = DaemonExecutor(thread_name_prefix="openenv-gym-env")
         self._loop.set_default_executor(self._executor)
         self._running = threading.Lock()  # held by the thread driving the loop
         self._task: asyncio.Task[Any] | None = None

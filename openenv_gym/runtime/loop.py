@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
 from openenv_gym.errors import BackendTimeout, RuntimeClosed
+from openenv_gym.runtime.worker import DaemonExecutor
 
 __all__ = ["Runtime", "RUNTIME", "EXIT_BUDGET", "CANCEL_GRACE", "WAIT_SLICE", "timed_out"]
 
@@ -154,6 +155,9 @@ class Runtime:
                 if self._exit_deadline is not None and self._pid == os.getpid():
                     raise RuntimeClosed("the openenv_gym runtime was stopped at interpreter exit")
                 loop = self._loop_factory()
+                # to_thread's pool, of daemon threads: a blocking call that never returns (a
+                # library's, on this loop) must not hold up the interpreter's exit
+                loop.set_default_executor(DaemonExecutor(thread_name_prefix="openenv-gym-blocking"))
                 ready = threading.Event()
                 thread = threading.Thread(target=self._serve, args=(loop, ready), name="openenv-gym-runtime",
                                           daemon=True)

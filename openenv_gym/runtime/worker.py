@@ -1,21 +1,23 @@
-"""Worker: one daemon thread that runs a session's blocking calls, one after another.
+"""Daemon threads for blocking calls: :class:`Worker` (one thread, calls in order) and
+:class:`DaemonExecutor` (a pool, as an event loop's executor).
 
-Why not ``ThreadPoolExecutor(max_workers=1)``: the executor's threads are joined when the
-interpreter exits, so an environment's call that never returns (a step hung in a sleep or a
-lock, which ``step_timeout`` gave up waiting for) would keep the process from ever exiting.
-A daemon thread does not hold exit up: what it was running is abandoned with the process.
+Why not ``ThreadPoolExecutor``: its threads are joined when the interpreter exits, so a call that
+never returns (an env's step or a tool hung in a sleep or a lock, which ``step_timeout`` gave up
+waiting for) would keep the process from ever exiting. A daemon thread does not hold exit up:
+what it was running is abandoned with the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["Worker"]
+__all__ = ["DaemonExecutor", "Worker"]
 
 T = TypeVar("T")
 
@@ -67,3 +69,74 @@ class Worker:
             finally:
                 self.busy = False
             del future, fn, args, kwargs, item  # hold nothing of a finished call while waiting
+
+
+class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool of daemon threads, for ``loop.set_default_executor`` and ``run_in_executor``.
+
+    A ``ThreadPoolExecutor`` by type only, because ``set_default_executor`` accepts nothing else:
+    :meth:`submit` and :meth:`shutdown` are this class's own, over the public ``Executor``
+    contract, and the base class's threads and queue are never used. As in the standard pool, a
+    call goes to an idle thread, else to a new one up to ``max_workers``, else waits its turn.
+
+    Args:
+        max_workers: threads at most (default: the standard pool's, ``min(32, cpus + 4)``).
+        thread_name_prefix: the threads' names, numbered.
+    """
+
+    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "openenv-gym-daemon") -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._limit = max_workers if max_workers is not None else min(32, (os.cpu_count() or 1) + 4)
+        self._name = thread_name_prefix
+        self._pending: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple, dict] | None]
+        self._pending = queue.SimpleQueue()
+        self._free = threading.Semaphore(0)  # one count per thread waiting for a call
+        self._guard = threading.Lock()
+        self._daemons: list[threading.Thread] = []
+        self._ended = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._guard:
+            if self._ended:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._pending.put((future, fn, args, kwargs))
+            if not self._free.acquire(blocking=False) and len(self._daemons) < self._limit:
+                thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._daemons)}", daemon=True)
+                thread.start()
+                self._daemons.append(thread)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more calls; ``cancel_futures`` cancels those not started; ``wait`` joins the threads
+        (a hung call holds that wait, never the interpreter's exit)."""
+        with self._guard:
+            if not self._ended:
+                self._ended = True
+                if cancel_futures:
+                    while True:
+                        try:
+                            item = self._pending.get_nowait()
+                        except queue.Empty:
+                            break
+                        if item is not None:
+                            item[0].cancel()
+                for _ in self._daemons:
+                    self._pending.put(None)
+            threads = list(self._daemons)
+        if wait:
+            for thread in threads:
+                thread.join()
+
+    def _serve(self) -> None:
+        while (item := self._pending.get()) is not None:
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:  # handed to the caller, whatever it is
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del future, fn, args, kwargs, item  # hold nothing of a finished call while waiting
+            self._free.release()

@@ -19,13 +19,13 @@ with its arguments), so the Ray backend can ship them to its actors by reference
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
 
 from openenv_gym.errors import ConfigurationError
+from openenv_gym.runtime import DaemonExecutor
 from openenv_gym.session import EnvSession
 from openenv_gym.spaces import AssistantAction, Messages
 
@@ -84,8 +84,9 @@ class SubEnvWrappers:
         self.wrappers = list(wrappers)
         self.spec = spec
         self._stacks: dict[int, tuple[EnvSession, gym.Env]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, num_envs),
-                                                           thread_name_prefix="openenv-gym-wrapped")
+        # Daemon threads: a wrapped step that never returns (after step_timeout gave up on it)
+        # does not hold up the interpreter's exit, as a ThreadPoolExecutor's thread would.
+        self._pool = DaemonExecutor(max_workers=max(1, num_envs), thread_name_prefix="openenv-gym-wrapped")
 
     def stack(self, env_id: int, session: EnvSession, tools: Sequence[Any]) -> gym.Env:
         """The wrapped env of ``env_id`` over ``session``, rebuilt when the session was replaced

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 
 import gymnasium as gym
 import pytest
@@ -93,3 +95,33 @@ def test_wrappers_must_be_callables():
         gym.make_vec(ARITH, num_envs=2, env_wrappers=["TextToolCalls"])
     with pytest.raises(ConfigurationError, match="list"):
         gym.make_vec(ARITH, num_envs=2, env_wrappers=TextToolCalls)
+
+
+_HUNG_WRAPPER = """
+import threading
+import gymnasium as gym
+import openenv_gym  # noqa: F401
+
+class Hang(gym.Wrapper):
+    def step(self, action):
+        threading.Event().wait()  # a wrapper's step that never returns
+
+envs = gym.make_vec("openenv/Arithmetic-v0", num_envs=2, env_wrappers=[Hang], step_timeout=1.0, in_process=True)
+envs.reset(seed=0)
+obs, rewards, terminations, truncations, infos = envs.step(["hello", "hello"])
+print(*infos["error"]["type"], flush=True)
+envs.close()
+print("end", flush=True)
+"""
+
+
+def test_a_wrapped_step_that_never_returns_does_not_hold_the_exit():
+    """step_timeout gives up on the stuck wrapper (an info error per sub-env), close() returns, and
+    the process exits: the wrapper stacks' threads are daemons (a ThreadPoolExecutor's are joined
+    at exit, and this script then never ended)."""
+    process = subprocess.Popen([sys.executable, "-c", _HUNG_WRAPPER], stdout=subprocess.PIPE, text=True)
+    try:
+        out, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert out.split() == ["BackendTimeout", "BackendTimeout", "end"] and process.returncode == 0, (out, process.returncode)
