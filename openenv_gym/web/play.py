@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import queue
 import sys
 import threading
 import time
@@ -43,58 +42,19 @@ from aiohttp import WSMsgType, web
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import EpisodeRecord, encode_record
+from openenv_gym.runtime import Worker
 from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
 from openenv_gym.web.serving import STOP, LoopbackServer, run
 from openenv_gym.wrappers.conversation import new_messages, sent_message
 from openenv_gym.wrappers.record import JsonlWriter
 
-__all__ = ["PLAY_PAGE", "PlaySession", "Worker", "make_app", "parse_kwargs", "play_command"]
+__all__ = ["PLAY_PAGE", "PlaySession", "make_app", "parse_kwargs", "play_command"]
 
 PLAY_PAGE = Page("play.html", styles=["style.css"], scripts=["chat.js", "play.js"], title="openenv-gym play")
 
 CLOSE_BUDGET = 30.0
 """Seconds the server waits for ``env.close()`` on the way out (the env bounds its own close)."""
-
-
-class Worker:
-    """One daemon thread running blocking calls in the order submitted; results as asyncio futures."""
-
-    def __init__(self, name: str = "openenv-gym-play"):
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]] | None]
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, loop, future = job
-            try:
-                result, error = fn(), None
-            except BaseException as exc:  # handed to the awaiting request, whatever it is
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop has closed: nobody waits for this result
-                pass
-
-    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put((fn, loop, future))
-        return future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 class Conflict(Exception):
@@ -110,7 +70,7 @@ class Busy(Conflict):
 
 class PlaySession:
     """One env and the episode the page shows. The blocking methods (:meth:`reset`, :meth:`step`,
-    :meth:`close`) run on the :class:`Worker`'s thread; :meth:`state` may be read from any."""
+    :meth:`close`) run on a :class:`~openenv_gym.runtime.Worker`'s thread; :meth:`state` may be read from any."""
 
     def __init__(self, env: gym.Env, env_id: str, out: str | os.PathLike[str]):
         self.env, self.env_id, self.out = env, env_id, Path(out)
@@ -280,7 +240,7 @@ def make_app(session: PlaySession, worker: Worker, linger: float = 30.0) -> web.
     async def on_worker(fn: Callable[[], Any]) -> None:
         if pending and not pending[0].done():
             raise Busy()
-        future = worker.submit(fn)
+        future = asyncio.wrap_future(worker.submit(fn))
         pending[:] = [future]
         session.busy_since = time.monotonic()
         future.add_done_callback(lambda _: setattr(session, "busy_since", None))
@@ -384,7 +344,7 @@ async def close_env(session: PlaySession, worker: Worker) -> None:
 
     threading.Thread(target=close, name="openenv-gym-play-close", daemon=True).start()
     await asyncio.get_running_loop().run_in_executor(None, done.wait, CLOSE_BUDGET)
-    worker.stop()
+    worker.shutdown()
 
 
 def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -421,7 +381,8 @@ def play_command(env_id: str, kwargs: Sequence[str] = (), port: int = 0, out: st
     except BaseException:
         env.close()
         raise
-    worker = Worker()
+    worker = Worker("openenv-gym-play")
+    worker.start()
     server = LoopbackServer(make_app(session, worker, linger), Access(), port)
     try:
         return run(server, f"play {env_id}", stdout)

@@ -16,10 +16,10 @@ import aiohttp
 import gymnasium as gym
 import httpx
 import pytest
-from web_fixtures import rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
+from web_fixtures import rollout_file, serve, started_worker  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.web.access import Access
-from openenv_gym.web.play import PlaySession, Worker
+from openenv_gym.web.play import PlaySession
 from openenv_gym.web.play import make_app as play_app
 from openenv_gym.web.serving import LoopbackServer
 from openenv_gym.web.view import view_server
@@ -40,7 +40,7 @@ def play(serve, tmp_path: Path):
     env = gym.make("openenv/Arithmetic-v0")
     session = PlaySession(env, "openenv/Arithmetic-v0", tmp_path / "play.jsonl")
     session.reset(seed=0)
-    return serve(LoopbackServer(play_app(session, Worker(), linger=60), Access()))
+    return serve(LoopbackServer(play_app(session, started_worker(), linger=60), Access()))
 
 
 def _requests(served, routes, **kwargs):

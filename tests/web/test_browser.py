@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Page, sync_playwright
-from web_fixtures import hostile_file, hostile_texts, rollout_file, serve  # noqa: F401 (pytest fixtures, used by name)
+from web_fixtures import hostile_file, hostile_texts, rollout_file, serve, started_worker  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.records import read_records
 from openenv_gym.testing import procs
@@ -311,7 +311,7 @@ def test_play_tool_forms_follow_the_schema(watched: Watched, serve: Any, tmp_pat
     import gymnasium as gym
 
     from openenv_gym.web.access import Access
-    from openenv_gym.web.play import PlaySession, Worker, make_app
+    from openenv_gym.web.play import PlaySession, make_app
     from openenv_gym.web.serving import LoopbackServer
 
     env = gym.make("openenv/Arithmetic-v0")
@@ -321,7 +321,7 @@ def test_play_tool_forms_follow_the_schema(watched: Watched, serve: Any, tmp_pat
         "type": "object", "required": ["n"], "properties": {
             "n": {"type": "integer"}, "x": {"type": "number"}, "flag": {"type": "boolean"},
             "mode": {"enum": ["a", "b"]}, "items": {"type": "array"}, "s": {"type": ["string", "null"]}}}}}]
-    served = serve(LoopbackServer(make_app(session, Worker(), linger=60), Access()))
+    served = serve(LoopbackServer(make_app(session, started_worker(), linger=60), Access()))
     page = watched.page
     page.goto(served.url)
     page.wait_for_selector("body[data-ready='1']")

@@ -23,13 +23,13 @@ import aiohttp
 import gymnasium as gym
 import httpx
 import pytest
-from web_fixtures import serve  # noqa: F401 (pytest fixtures, used by name)
+from web_fixtures import serve, started_worker  # noqa: F401 (pytest fixtures, used by name)
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import read_records
 from openenv_gym.testing import procs
 from openenv_gym.web.access import Access
-from openenv_gym.web.play import PlaySession, Worker, make_app, parse_kwargs
+from openenv_gym.web.play import PlaySession, make_app, parse_kwargs
 from openenv_gym.web.rollouts import load
 from openenv_gym.web.serving import LoopbackServer
 
@@ -46,7 +46,7 @@ def arithmetic(serve, tmp_path: Path):
     env = gym.make("openenv/Arithmetic-v0")
     session = PlaySession(env, "openenv/Arithmetic-v0", tmp_path / "play.jsonl")
     session.reset(seed=3)
-    served = serve(LoopbackServer(make_app(session, Worker(), linger=60), Access()))
+    served = serve(LoopbackServer(make_app(session, started_worker(), linger=60), Access()))
     client = httpx.Client(base_url=served.base, headers={"Authorization": f"token {served.token}"}, timeout=60)
     yield served, client, session
     client.close()
@@ -110,7 +110,7 @@ def test_a_slow_step_leaves_the_server_answering(serve, tmp_path: Path) -> None:
     env = gym.make("openenv/ORS-v0", **parse_kwargs(SLOW + ["median=20"]))
     session = PlaySession(env, "slow", tmp_path / "p.jsonl")
     session.reset(seed=0)
-    served = serve(LoopbackServer(make_app(session, Worker(), linger=60), Access()))
+    served = serve(LoopbackServer(make_app(session, started_worker(), linger=60), Access()))
     client = httpx.Client(base_url=served.base, headers={"Authorization": f"token {served.token}"}, timeout=60)
 
     def step() -> None:
@@ -277,7 +277,7 @@ def test_play_drives_other_kinds_through_the_same_api(serve, tmp_path: Path, kin
     env = gym.make(env_id, **kwargs)
     session = PlaySession(env, env_id, tmp_path / "p.jsonl")
     session.reset(seed=0)
-    served = serve(LoopbackServer(make_app(session, Worker(), linger=60), Access()))
+    served = serve(LoopbackServer(make_app(session, started_worker(), linger=60), Access()))
     with httpx.Client(base_url=served.base, headers={"Authorization": f"token {served.token}"}, timeout=120) as client:
         state = client.post("/api/reset", json={"split": session.splits[0]["name"], "index": 0}).json()
         tools = [t["function"]["name"] for t in state["record"]["tools"]]

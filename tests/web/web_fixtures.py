@@ -23,12 +23,20 @@ import openenv_gym  # noqa: F401  (registers openenv/Arithmetic-v0)
 from openenv_gym.policies import OpenAIPolicy
 from openenv_gym.records import EpisodeRecord, encode_record
 from openenv_gym.rollout import collect
+from openenv_gym.runtime import Worker
 from openenv_gym.testing.openai_stub import OpenAIStub, sometimes_wrong
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.wrappers import RecordEpisodes
 
 HOSTILE = ['<script>window.__pwned = "script"</script>', '<img src=x onerror="window.__pwned = \'img\'">',
            "</script><script>window.__pwned = 'close'</script>", "<!-- <script>window.__pwned = 'comment'</script>"]
+
+
+def started_worker() -> Worker:
+    """The play server's worker thread, started (as ``openenv-gym play`` starts it)."""
+    worker = Worker("openenv-gym-play")
+    worker.start()
+    return worker
 
 
 @pytest.fixture(scope="session")
