@@ -56,19 +56,12 @@ class Worker:
 
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
             self.busy = True
             try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # handed to the caller, whatever it is
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+                _run_call(*item)
             finally:
                 self.busy = False
-            del future, fn, args, kwargs, item  # hold nothing of a finished call while waiting
+            del item  # hold nothing of a finished call while waiting
 
 
 class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -130,13 +123,17 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def _serve(self) -> None:
         while (item := self._pending.get()) is not None:
-            future, fn, args, kwargs = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # handed to the caller, whatever it is
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            del future, fn, args, kwargs, item  # hold nothing of a finished call while waiting
+            _run_call(*item)
+            del item  # hold nothing of a finished call while waiting
             self._free.release()
+
+
+def _run_call(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """One queued call, its outcome into its future (none if the future was cancelled first)."""
+    if future.set_running_or_notify_cancel():
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
