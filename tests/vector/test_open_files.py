@@ -27,9 +27,11 @@ def test_a_low_soft_limit_is_raised_so_every_sub_env_works():
         obs, infos = envs.reset(seed=0)
         print("errors", int(infos["_error"].sum()) if "error" in infos else 0)
         print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 2 * 1024)
+        if "error" in infos:  # what went wrong, for the assertion's message
+            print(sorted({m[:200] for m, bad in zip(infos["error"]["message"], infos["_error"]) if bad}))
         envs.close()
     """)
-    assert "errors 0" in out and "soft True" in out
+    assert "errors 0" in out and "soft True" in out, out
 
 
 def test_a_hard_limit_too_low_is_a_clear_error_before_anything_starts():
