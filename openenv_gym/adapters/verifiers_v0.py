@@ -437,6 +437,9 @@ class VerifiersV0Adapter(Adapter):
             raise ConfigurationError("rollout_timeout must be positive or None")
         vf = _import_v0()
         self._vf = vf
+        # Looked up once: each ``vf.X`` goes through the package's lazy ``__getattr__`` (an
+        # import_module call), three of them a step otherwise.
+        self._reply_models = (vf.ToolCall, vf.ResponseMessage, vf.Response)
         found = resolve_source(source) if source is not None else None
         load_id = env_id if env_id is not None else found.module  # type: ignore[union-attr]
         if found is not None and env_id is not None:
@@ -727,7 +730,9 @@ class VerifiersV0Episode(Episode):
         self._closed = True
         self.adapter._episodes.discard(self)
         task, self._task = self._task, None
-        self._reply = self._request = None
+        # The library's state holds the client, which holds this episode: a cycle that only the
+        # collector would free, with the whole rollout in it (every step's collections walked it).
+        self._reply = self._request = self._state = None
         if task is None:
             return
         if not task.done():
@@ -772,16 +777,16 @@ class VerifiersV0Episode(Episode):
             request.set_result(None)
 
     def _response(self, turn: Turn) -> Any:
-        vf = self.adapter._vf
+        tool_call, response_message, response = self.adapter._reply_models
         # The validating constructors: for these models pydantic's compiled validators are
         # cheaper than model_construct's Python-level field loop (benchmarks/verifiers_v0_bench.py).
-        calls = [vf.ToolCall(id=c.id, name=c.name, arguments=_raw_arguments(c)) for c in turn.calls]
-        message = vf.ResponseMessage(
+        calls = [tool_call(id=c.id, name=c.name, arguments=_raw_arguments(c)) for c in turn.calls]
+        message = response_message(
             content=turn.text, tool_calls=calls or None, finish_reason="tool_calls" if calls else "stop",
             is_truncated=False)
         self._replies += 1
-        return vf.Response(id=f"{self._reply_id}-{self._replies}", created=int(time.time()),
-                           model=self.adapter.model, usage=None, message=message)
+        return response(id=f"{self._reply_id}-{self._replies}", created=int(time.time()),
+                        model=self.adapter.model, usage=None, message=message)
 
     def _output(self) -> dict[str, Any]:
         task = self._task
