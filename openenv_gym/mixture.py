@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -81,6 +81,14 @@ class _Parts:
                 msgspec.structs.replace(op, env_id=op.env_id - part.offset))
         for part, part_ops in by_part.values():
             part.backend.send(part_ops)
+
+    def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
+        part = self._owner[op.env_id]
+        direct = part.backend.run_here(msgspec.structs.replace(op, env_id=op.env_id - part.offset))
+        return None if direct is None else self._tagged_later(part, direct)
+
+    async def _tagged_later(self, part: _Part, direct: Coroutine[Any, Any, Result]) -> Result:
+        return self._tagged(part, await direct)
 
     def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
         here: list[Result] = []

@@ -29,6 +29,7 @@ from typing import Any
 import gymnasium as gym
 
 from openenv_gym import runtime
+from openenv_gym.actions import Turn
 from openenv_gym.errors import CapacityReached, ConcurrentUse, ConfigurationError, from_wire, inherited
 from openenv_gym.shard.ops import Op, OpKind, Result
 from openenv_gym.vector.base import AgentVectorEnv, VectorBackend
@@ -167,24 +168,36 @@ class SessionPool:
         if recreate:
             self._broken.discard(slot)
         op = Op(local, self._next_req, kind, recreate=recreate, **fields)
+        direct = block.backend.run_here(op)
+        if direct is not None:  # its shard is in this process: run here, in the caller's task
+            try:
+                result = await direct
+            except asyncio.CancelledError:  # the caller gave up (a client left): the op with it
+                self._broken.add(slot)
+                raise
+        else:
+            result = await self._sent(block, slot, op)
+        if result.error is not None:
+            if not result.error.get("user") and result.error.get("type") not in _CALLER_ERRORS:
+                self._broken.add(slot)
+            raise from_wire(result.error)
+        return result
+
+    async def _sent(self, block: _Block, slot: int, op: Op) -> Result:
+        """``op`` sent to its shard (in another process, or busy), its result awaited."""
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         key = (slot, op.req_id)
         self._waiting[key] = future
         try:
             block.backend.send([op])
             block.backend.settle(False, None)  # calls started where they were sent are followed up here
-            result = await future
+            return await future
         except asyncio.CancelledError:  # the caller gave up (a client left): the shard stops the op too
             self._broken.add(slot)
-            await block.backend.cancel([local])
+            await block.backend.cancel([op.env_id])
             raise
         finally:
             self._waiting.pop(key, None)
-        if result.error is not None:
-            if not result.error.get("user") and result.error.get("type") not in _CALLER_ERRORS:
-                self._broken.add(slot)
-            raise from_wire(result.error)
-        return result
 
     def _deliver(self, result: Result, offset: int) -> None:
         future = self._waiting.pop((result.env_id + offset, result.req_id), None)
@@ -278,9 +291,10 @@ class Slot:
         result = await self._one(OpKind.RESET, seed=seed, options=options)
         return result.obs, result.info
 
-    async def step(self, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Apply one action, as ``env.step`` does."""
-        result = await self._one(OpKind.STEP, action=action)
+    async def step(self, action: Any, turn: Turn | None = None) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Apply one action, as ``env.step`` does; ``turn``: the action already parsed (by
+        :func:`~openenv_gym.actions.parse_action`), which then need not be parsed again."""
+        result = await self._one(OpKind.STEP, action=action, turn=turn)
         return result.obs, result.reward, result.terminated, result.truncated, result.info
 
     async def release(self) -> None:

@@ -117,6 +117,32 @@ def test_one_call_at_a_time_per_slot():
         pool.close()
 
 
+def test_a_call_its_caller_gives_up_on_stops_at_once_and_the_next_reset_recovers():
+    # A served client that leaves mid-call cancels its session's call: the op stops with it (an
+    # in-process shard runs it in the caller's own task), and the session plays on after a reset.
+    pool = SessionPool.make("openenv/ORS-v0", 1, **PROBE)
+    try:
+        slot = pool.lease()
+
+        async def leave_mid_call() -> float:
+            await slot.reset(seed=0)
+            slow = asyncio.ensure_future(slot.step(call("slow", {"seconds": 30.0})))
+            await asyncio.sleep(0.3)
+            began = asyncio.get_running_loop().time()
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            return asyncio.get_running_loop().time() - began
+
+        assert runtime.run_sync(leave_mid_call(), 60) < 5.0
+        obs, _ = runtime.run_sync(slot.reset(seed=1), 60)
+        assert "What is" in obs[0]["content"]
+        _, _, _, _, info = runtime.run_sync(slot.step(call("hint")), 60)
+        assert info["calls"][0]["ok"] and "error" not in info
+    finally:
+        pool.close()
+
+
 def test_a_dead_server_fails_the_call_typed_and_the_next_reset_recovers():
     pool = SessionPool.make("openenv/ORS-v0", 2, **PROBE)
     try:

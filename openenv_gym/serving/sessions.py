@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 from gymnasium.envs.registration import parse_env_id
 
-from openenv_gym.actions import check_call, parse_action
+from openenv_gym.actions import Turn, check_call, parse_action
 from openenv_gym.errors import ConfigurationError, EpisodeNotStarted, TaskNotFound
 from openenv_gym.pool import SessionPool, Slot
 from openenv_gym.serving.content import message_items, text_of
@@ -165,6 +165,7 @@ class Session:
                                    error="the episode has finished; no further calls are run (reset to play again)")
             arguments = {} if arguments is None else arguments
             problem: tuple[str, str] | None = None
+            turn: Turn | None = None
             if name == RESPOND.name and name not in self.env_tools:
                 content = arguments.get("content") if isinstance(arguments, dict) else None
                 if not isinstance(content, str) or set(arguments) - {"content"}:
@@ -175,8 +176,9 @@ class Session:
                 call = {"name": name, "arguments": arguments}
                 action = {"role": "assistant", "content": None,
                           "tool_calls": [{"id": f"call_{self.turns}", "type": "function", "function": call}]}
-                problem = self._refusal(action, name)
-            obs, reward, terminated, truncated, info = await self.slot.step(action)
+                turn = parse_action(action)
+                problem = self._refusal(turn, name)
+            obs, reward, terminated, truncated, info = await self.slot.step(action, turn)
             self.turns += 1
             self.done = terminated or truncated
             if isinstance(info.get("tools"), list):
@@ -190,8 +192,7 @@ class Session:
                 outcome.refused, outcome.error = problem[0], text_of(outcome.items) or problem[1]
             return outcome
 
-    def _refusal(self, action: dict[str, Any], name: str) -> tuple[str, str] | None:
-        turn = parse_action(action)
+    def _refusal(self, turn: Turn, name: str) -> tuple[str, str] | None:
         if turn.error is not None or not turn.calls:
             return "input_validation", turn.error or "the call could not be read"
         problem = check_call(turn.calls[0], self.env_tools)

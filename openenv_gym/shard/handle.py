@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,12 @@ class Handle(abc.ABC):
         The calls that are in count even when others are not: a fast sub-env's answer is never
         held back by a slow one's."""
         return [None] * len(begun)
+
+    def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
+        """``op`` as a coroutine for the awaiting task to run itself, where the shard is in this
+        process (no task, gather or callback of the shard's own for one op, see
+        :meth:`Shard.run_here`); ``None`` where it is not: send the op."""
+        return None
 
     @abc.abstractmethod
     async def run(self, payload: Any, deliver: Callable[[Result], None], begun: Any = None) -> None:
@@ -118,6 +124,9 @@ class LocalHandle(Handle):
     async def run(self, payload: Any, deliver: Callable[[Result], None], begun: Any = None) -> None:
         await self.shard.submit(payload, deliver)
 
+    def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
+        return self.shard.run_here(op)
+
     def cancel(self, requests: list[tuple[int, int]]) -> None:
         asyncio.get_running_loop().create_task(self.shard.cancel(requests))
 
@@ -151,9 +160,11 @@ class EncodedHandle(Handle):
     def prepare(self, ops: list[Op]) -> tuple[bytes | None, list[Result]]:
         for op in ops:
             if op.action is not None and not self.any_action:
-                op.turn, op.action = parse_action(op.action), None
+                op.turn, op.action = (op.turn or parse_action(op.action)), None
             elif isinstance(op.action, np.ndarray):
                 op.action = op.action.tolist()
+            if self.any_action and op.action is not None:
+                op.turn = None  # the wrappers take the action as it is
         try:
             return encode_ops(ops), []
         except ENCODE_ERRORS:

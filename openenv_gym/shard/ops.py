@@ -65,7 +65,8 @@ class Op(msgspec.Struct, array_like=True, omit_defaults=True):
     group's shared task, see :mod:`openenv_gym.vector.groups`)."""
     turn: Turn | None = None
     """The action already parsed (a driver that ships ops to another process sends this rather
-    than the raw action: a parsed turn always encodes, whatever the model wrote)."""
+    than the raw action: a parsed turn always encodes, whatever the model wrote; a served session
+    sends both, having parsed it to check the call). Sub-envs with wrappers take ``action``."""
 
 
 class Result(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -142,7 +143,8 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
             if op.note:
                 info = {**info, **op.note}
             return Result(op.env_id, op.req_id, obs, info=info)
-        action = op.turn if op.turn is not None else op.action
+        # A wrapper stack takes the action as the model wrote it (it may rewrite it before parsing)
+        action = op.turn if op.turn is not None and (wrapped is None or op.action is None) else op.action
         obs, reward, terminated, truncated, info = await within(step(action), timeout, "the sub-env's step")
         if op.kind is OpKind.STEP_RESET and (terminated or truncated):
             final = {"final_obs": obs, "final_info": info}

@@ -26,7 +26,7 @@ import enum
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
@@ -89,6 +89,10 @@ class VectorBackend(Protocol):
 
     def send(self, ops: list[Op]) -> None:
         """Start ``ops`` (one per sub-env), from the caller's thread; returns once they are out."""
+
+    def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
+        """``op`` (one sub-env's) as a coroutine the awaiting task runs itself, on the runtime
+        loop, where its sub-env lives in this process and is free; else ``None`` (send it)."""
 
     def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
         """Follow up calls :meth:`send` left to the caller's thread: if it waited for them

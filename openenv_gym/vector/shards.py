@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from openenv_gym import runtime
@@ -165,6 +165,14 @@ class Shards:
             self._held += calls  # followed up by settle(): here, or on the loop
             return
         runtime.post(self._launch, calls, failures)
+
+    def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
+        """``op`` for the awaiting task to run itself, when its shard is in this process, started,
+        and running nothing else for its sub-env (:meth:`Handle.run_here`); else ``None``."""
+        handle = self.handles[self._where[op.env_id]]
+        if id(handle) in self._starts or op.env_id in self._in_flight:
+            return None
+        return handle.run_here(op)
 
     def settle(self, all_needed: bool, limit: float | None) -> list[Result] | None:
         """Follow up the calls :meth:`send` started on this thread (the caller's).
