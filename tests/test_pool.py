@@ -18,6 +18,7 @@ import pytest
 
 import openenv_gym  # noqa: F401
 from openenv_gym import runtime
+from openenv_gym.actions import parse_action
 from openenv_gym.errors import CapacityReached, ConcurrentUse, EpisodeNotStarted, TaskNotFound
 from openenv_gym.pool import SessionPool
 from openenv_gym.testing import procs
@@ -139,6 +140,32 @@ def test_a_call_its_caller_gives_up_on_stops_at_once_and_the_next_reset_recovers
         assert "What is" in obs[0]["content"]
         _, _, _, _, info = runtime.run_sync(slot.step(call("hint")), 60)
         assert info["calls"][0]["ok"] and "error" not in info
+    finally:
+        pool.close()
+
+
+class SeenActions(gym.Wrapper):
+    """Records every action its env is stepped with (the sub-envs run in this process)."""
+
+    seen: list = []
+
+    def step(self, action):
+        SeenActions.seen.append(action)
+        return self.env.step(action)
+
+
+def test_wrappers_take_the_action_as_written_when_the_caller_parsed_it_too():
+    # A served session parses each call to check it and passes the turn along, so the session
+    # need not parse it again; a wrapper stack must still get what the client sent.
+    pool = SessionPool.make("openenv/Arithmetic-v0", 1, env_wrappers=[SeenActions])
+    try:
+        slot = pool.lease()
+        obs, _ = runtime.run_sync(slot.reset(seed=0), 60)
+        action = call("submit", {"answer": answer_of(obs[0]["content"])})
+        SeenActions.seen.clear()
+        _, reward, terminated, _, _ = runtime.run_sync(slot.step(action, parse_action(action)), 60)
+        assert SeenActions.seen == [action]
+        assert terminated and reward == 1.0
     finally:
         pool.close()
 

@@ -160,7 +160,7 @@ class EncodedHandle(Handle):
     def prepare(self, ops: list[Op]) -> tuple[bytes | None, list[Result]]:
         for op in ops:
             if op.action is not None and not self.any_action:
-                op.turn, op.action = (op.turn or parse_action(op.action)), None
+                op.turn, op.action = (op.turn if op.turn is not None else parse_action(op.action)), None
             elif isinstance(op.action, np.ndarray):
                 op.action = op.action.tolist()
             if self.any_action and op.action is not None:

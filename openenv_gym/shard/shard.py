@@ -203,8 +203,7 @@ class Shard:
             raise
         finally:
             for op, task in zip(ops, tasks):
-                if self._tasks.get(op.env_id, (None, None))[1] is task:
-                    del self._tasks[op.env_id]
+                self._forget(op.env_id, task)
 
     async def run_here(self, op: Op) -> Result:
         """:meth:`submit` of one op, run in the awaiting task: a caller in this process that
@@ -219,8 +218,12 @@ class Shard:
         try:
             return await self._run_one(op)
         finally:
-            if self._tasks.get(op.env_id, (None, None))[1] is task:
-                del self._tasks[op.env_id]
+            self._forget(op.env_id, task)
+
+    def _forget(self, env_id: int, task: asyncio.Task[Any]) -> None:
+        """Drop ``env_id``'s op from the running ones, unless a newer op of it replaced ``task``."""
+        if self._tasks.get(env_id, (None, None))[1] is task:
+            del self._tasks[env_id]
 
     async def run_encoded(self, data: bytes) -> bytes:
         """:meth:`submit` for a driver in another process: msgpack ``list[Op]`` in, msgpack

@@ -169,6 +169,8 @@ class Shards:
     def run_here(self, op: Op) -> Coroutine[Any, Any, Result] | None:
         """``op`` for the awaiting task to run itself, when its shard is in this process, started,
         and running nothing else for its sub-env (:meth:`Handle.run_here`); else ``None``."""
+        if not self.handles:  # closed: the sending path reports it
+            return None
         handle = self.handles[self._where[op.env_id]]
         if id(handle) in self._starts or op.env_id in self._in_flight:
             return None
