@@ -446,6 +446,58 @@ def test_daemon_executor_runs_calls_as_a_thread_pool_does():
         loop.close()
 
 
+def test_daemon_executor_runs_the_calls_it_is_told_to_at_once_in_the_submitting_thread():
+    """``inline`` names calls (by the function ``asyncio.to_thread`` was given) that run at once
+    where they are submitted: a loop of one env's own, whose caller waits anyway, skips the thread
+    hop for a library's quick bookkeeping; every other call still goes to a thread."""
+
+    def pure(x: int) -> tuple[int, threading.Thread]:
+        return 2 * x, threading.current_thread()
+
+    def fails() -> None:
+        raise ValueError("from the call")
+
+    def elsewhere() -> threading.Thread:
+        return threading.current_thread()
+
+    async def calls() -> None:
+        here = threading.current_thread()
+        assert await asyncio.to_thread(pure, 21) == (42, here)
+        assert (await asyncio.get_running_loop().run_in_executor(None, pure, 1))[1] is here
+        with pytest.raises(ValueError, match="from the call"):
+            await asyncio.to_thread(fails)
+        assert (await asyncio.to_thread(elsewhere)) is not here
+
+    loop = asyncio.new_event_loop()
+    pool = runtime.DaemonExecutor(thread_name_prefix="test-inline", inline=lambda fn: fn in (pure, fails))
+    loop.set_default_executor(pool)
+    try:
+        loop.run_until_complete(calls())
+    finally:
+        pool.shutdown(wait=False)
+        loop.close()
+
+
+def test_the_runtime_loop_runs_a_main_task_that_libraries_keep_their_threads_for():
+    """The runtime loop runs one main task until exit, as ``asyncio.run`` does: anyio ties its
+    worker threads to it, so one thread serves call after call from any task (without one, anyio
+    scans every task of the loop on every call, and a thread ends with the task that started it),
+    and the threads end when the main task ends at exit."""
+    import anyio
+
+    own = runtime.Runtime()
+
+    async def worker_thread() -> threading.Thread:
+        return await anyio.to_thread.run_sync(threading.current_thread)
+
+    first = own.run_sync(worker_thread(), 10)
+    assert own.run_sync(worker_thread(), 10) is first  # a second task, the same thread
+    assert first is not threading.current_thread()
+    own.close_at_exit()
+    first.join(5)
+    assert not first.is_alive()
+
+
 _HUNG_THREAD = """
 import asyncio, threading
 from openenv_gym import runtime

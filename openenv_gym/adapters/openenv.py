@@ -482,10 +482,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
         An idle socket keeps its server session (and so its lease, no longer busy); any other
         is closed, which gives the session back. An environment run here is pooled the same
         way: building one costs milliseconds (a thread, its MCP session) where reusing one
-        costs nothing, though each idle one keeps its MCP session's tasks, and anyio walks all
-        of the loop's tasks on every worker-thread call (63 idle instances after 64 clients
-        left cost the one remaining client 10-15 % per step; closing them instead cost the
-        next 64 clients a third of their rate).
+        costs nothing (closing idle ones cost the next 64 clients a third of their rate). Each
+        idle one keeps its MCP session's tasks, which cost nothing while the runtime loop has
+        a main task for anyio to find (without one, anyio scanned every task of the loop on
+        each worker-thread call: 63 idle instances cost the one remaining client 10-15 % per step).
         """
         lease: Lease | None = channel.lease
         servers = self.endpoint.servers

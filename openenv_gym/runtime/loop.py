@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
@@ -123,6 +124,8 @@ class Runtime:
         self._exit_deadline: float | None = None  # monotonic time; set while (and after) the exit hook runs
         self._live: dict[int, weakref.ref[Any]] = {}
         self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+        self._end: asyncio.Future[None] | None = None  # set by the exit hook: the loop's main task ends
+        self._main: asyncio.Task[None] | None = None
 
     def use_loop_factory(self, factory: Callable[[], asyncio.AbstractEventLoop]) -> bool:
         """Build the runtime loop with ``factory`` (uvloop's, for a process that is a server);
@@ -136,10 +139,15 @@ class Runtime:
 
     # -- the loop ------------------------------------------------------------------------------------
     @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event, main: asyncio.Task[None]) -> None:
+        # The loop runs one main task until the exit hook ends it, as asyncio.run runs one:
+        # libraries look for that task (anyio hands its worker threads' lifetime to it, and without
+        # one it scans every task of the loop on every call to a thread: with 64 idle sessions of an
+        # MCP env, 100 us more per tool call).
         asyncio.set_event_loop(loop)
         loop.call_soon(ready.set)
-        loop.run_forever()
+        with contextlib.suppress(BaseException):
+            loop.run_until_complete(main)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         """The runtime loop, its thread started on first use (and anew in a forked child).
@@ -159,8 +167,10 @@ class Runtime:
                 # library's, on this loop) must not hold up the interpreter's exit
                 loop.set_default_executor(DaemonExecutor(thread_name_prefix="openenv-gym-blocking"))
                 ready = threading.Event()
-                thread = threading.Thread(target=self._serve, args=(loop, ready), name="openenv-gym-runtime",
-                                          daemon=True)
+                self._end = loop.create_future()
+                self._main = loop.create_task(_until(self._end), name="openenv-gym-runtime-main")
+                thread = threading.Thread(target=self._serve, args=(loop, ready, self._main),
+                                          name="openenv-gym-runtime", daemon=True)
                 thread.start()
                 ready.wait()
                 self._loop, self._thread, self._pid = loop, thread, os.getpid()
@@ -295,8 +305,8 @@ class Runtime:
                 pass
         self._live.clear()
         with self._lock:
-            loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive() or self._pid != os.getpid():
+            loop, thread, end, main = self._loop, self._thread, self._end, self._main
+        if loop is None or end is None or thread is None or not thread.is_alive() or self._pid != os.getpid():
             return
         grace = max(0.1, min(1.0, self._exit_deadline - time.monotonic()))
 
@@ -305,12 +315,13 @@ class Runtime:
             # moment, as asyncio.run does, before the loop stops under it; a task that outlives the
             # grace is collected with the loop, silently.
             loop.set_exception_handler(quiet_about_pending_tasks)
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and t is not main]
             for task in tasks:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=grace)
-            loop.stop()
+            if not end.done():
+                end.set_result(None)  # the main task ends, and the loop stops after it
 
         try:
             asyncio.run_coroutine_threadsafe(wind_down(), loop)
@@ -332,6 +343,11 @@ class Runtime:
             asyncio.run_coroutine_threadsafe(coro, loop)
         except RuntimeError:
             coro.close()
+
+
+async def _until(end: asyncio.Future[None]) -> None:
+    """The runtime loop's main task: it lasts until ``end`` is set."""
+    await end
 
 
 RUNTIME = Runtime()
