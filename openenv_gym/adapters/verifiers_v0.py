@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,16 @@ def _import_v0() -> Any:
         raise ConfigurationError(_NO_V0_API.format(version=version)) from None
     return verifiers
 
+
+# What the library offloads with asyncio.to_thread in every rollout, all of it its own pure
+# bookkeeping over the rollout's state (no user code, nothing that waits): parsing a reply's
+# tokens, twice an episode, and the rollout's output. (module, qualified name), under both
+# package layouts (``verifiers.utils`` before the legacy API moved to ``verifiers.legacy``).
+_PURE_OFFLOADS = frozenset(
+    (f"verifiers.{package}utils.{module}", name)
+    for package in ("", "legacy.")
+    for module, name in (("response_utils", "parse_response_tokens.<locals>._sync"),
+                         ("save_utils", "state_to_output")))
 
 _client_class: type | None = None
 
@@ -413,6 +423,12 @@ class VerifiersV0Adapter(Adapter):
 
     kind = "verifiers_v0"
     caller_thread = True  # the library's loop runs only while a step waits for it
+
+    @staticmethod
+    def runs_inline(fn: Callable[..., Any]) -> bool:
+        # Three thread hops an episode, each two wake-ups: on a shared 2-core machine they cost
+        # a single env's step more than everything of ours (benchmarks/verifiers_v0_bench.py).
+        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _PURE_OFFLOADS
 
     def __init__(
         self,

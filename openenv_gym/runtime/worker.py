@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import functools
 import os
 import queue
 import threading
@@ -75,10 +77,18 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
     Args:
         max_workers: threads at most (default: the standard pool's, ``min(32, cpus + 4)``).
         thread_name_prefix: the threads' names, numbered.
+        inline: which calls run at once in the submitting thread rather than in a thread of the
+            pool: given the function called (``asyncio.to_thread``'s, unwrapped from its context
+            call). For a loop of one env's own (:class:`~openenv_gym.runtime.CallerLoop`), whose
+            caller waits for the call anyway: a thread hop costs two wake-ups, on a shared machine
+            more than a library's own quick bookkeeping it offloads (see
+            :meth:`~openenv_gym.adapters.base.Adapter.runs_inline`).
     """
 
-    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "openenv-gym-daemon") -> None:
+    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "openenv-gym-daemon",
+                 inline: Callable[[Callable[..., Any]], bool] | None = None) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._inline = inline
         self._limit = max_workers if max_workers is not None else min(32, (os.cpu_count() or 1) + 4)
         self._name = thread_name_prefix
         self._pending: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple, dict] | None]
@@ -90,6 +100,9 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._inline is not None and not self._ended and self._inline(_called(fn, args)):
+            _run_call(future, fn, args, kwargs)
+            return future
         with self._guard:
             if self._ended:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -126,6 +139,15 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
             _run_call(*item)
             del item  # hold nothing of a finished call while waiting
             self._free.release()
+
+
+def _called(fn: Callable[..., Any], args: tuple) -> Callable[..., Any]:
+    """The function a submitted call runs: ``asyncio.to_thread`` submits
+    ``functools.partial(context.run, func, ...)``, whose ``func`` is what the caller named."""
+    if isinstance(fn, functools.partial) and isinstance(getattr(fn.func, "__self__", None), contextvars.Context) \
+            and fn.args and callable(fn.args[0]):
+        return fn.args[0]
+    return fn
 
 
 def _run_call(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:

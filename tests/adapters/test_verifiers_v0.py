@@ -9,6 +9,7 @@ messages the agent sends, so a pass means "this episode scored exactly as vf-eva
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -556,6 +557,38 @@ def test_a_single_env_runs_on_the_callers_thread_not_the_runtime_loop():
         env.adapter.env.tool_map["multiply"] = lambda a, b: seen.append(threading.current_thread()) or tool(a, b)
         play(env, [call(("multiply", '{"a": 12, "b": 13}')), "156"], index=0)
         assert seen == [threading.current_thread()]
+    finally:
+        env.close()
+
+
+def test_the_librarys_own_offloads_run_on_the_callers_thread_and_a_tools_stay_in_threads(monkeypatch):
+    # The library hands its pure bookkeeping to asyncio.to_thread (the rollout's output, a
+    # reply's tokens): a single env runs it at once on the caller's thread. A tool's blocking
+    # call is user code that may hang: it goes to a thread still, and step_timeout cuts it.
+    from verifiers.legacy.envs import environment as vf_environment
+
+    where: list[threading.Thread] = []
+    library = vf_environment.state_to_output
+
+    @functools.wraps(library)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        where.append(threading.current_thread())
+        return library(*args, **kwargs)
+
+    monkeypatch.setattr(vf_environment, "state_to_output", spy)
+    env = AgentEnv(VerifiersV0Adapter(source=SLOW), step_timeout=0.5)
+    try:
+        env.reset(options={"index": 0})
+        obs, *_ = env.step(call(("doze", '{"seconds": 0.01}')))
+        assert obs[-1]["content"] == "dozed"
+        assert env.step("done")[1] == 1.0
+        assert where == [threading.current_thread()]
+
+        env.reset(options={"index": 0})
+        start = time.monotonic()
+        with pytest.raises(BackendTimeout, match=r"step did not finish within step_timeout=0\.5 s"):
+            env.step(call(("doze", '{"seconds": 30}')))
+        assert time.monotonic() - start < 5
     finally:
         env.close()
 
