@@ -100,7 +100,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if self._inline is not None and not self._ended and self._inline(_called(fn, args)):
+        if self._inline is not None and not self._ended and self._inline(_called(fn)):
             _run_call(future, fn, args, kwargs)
             return future
         with self._guard:
@@ -141,7 +141,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
             self._free.release()
 
 
-def _called(fn: Callable[..., Any], args: tuple) -> Callable[..., Any]:
+def _called(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The function a submitted call runs: ``asyncio.to_thread`` submits
     ``functools.partial(context.run, func, ...)``, whose ``func`` is what the caller named."""
     if isinstance(fn, functools.partial) and isinstance(getattr(fn.func, "__self__", None), contextvars.Context) \
