@@ -92,7 +92,7 @@ class SessionRunner(Runner):
     def __init__(self, session: EnvSession, *, own_loop: bool = False):
         self.session = session
         self.max_turns = session.max_turns
-        self._own = runtime.CallerLoop(inline=session.adapter.runs_inline) if own_loop else None
+        self._own = runtime.CallerLoop() if own_loop else None
         self._run = self._own.run if self._own is not None else runtime.run_sync
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import signal
 import socket
 import subprocess
@@ -446,10 +447,12 @@ def test_daemon_executor_runs_calls_as_a_thread_pool_does():
         loop.close()
 
 
-def test_daemon_executor_runs_the_calls_it_is_told_to_at_once_in_the_submitting_thread():
-    """``inline`` names calls (by the function ``asyncio.to_thread`` was given) that run at once
-    where they are submitted: a loop of one env's own, whose caller waits anyway, skips the thread
-    hop for a library's quick bookkeeping; every other call still goes to a thread."""
+def test_daemon_executor_runs_the_calls_a_task_names_at_once_in_the_submitting_thread():
+    """``INLINE_OFFLOADS``, set in a task's context, names calls (by the function
+    ``asyncio.to_thread`` was given) that run at once where the task submits them: an episode
+    skips the thread hop for its library's quick bookkeeping; every other call still goes to a
+    thread, and so does every call of a task without it (another user of the same library on the
+    same loop), and the setting reaches the tasks the named task starts."""
 
     def pure(x: int) -> tuple[int, threading.Thread]:
         return 2 * x, threading.current_thread()
@@ -460,16 +463,27 @@ def test_daemon_executor_runs_the_calls_it_is_told_to_at_once_in_the_submitting_
     def elsewhere() -> threading.Thread:
         return threading.current_thread()
 
-    async def calls() -> None:
+    async def named() -> None:
         here = threading.current_thread()
         assert await asyncio.to_thread(pure, 21) == (42, here)
         assert (await asyncio.get_running_loop().run_in_executor(None, pure, 1))[1] is here
         with pytest.raises(ValueError, match="from the call"):
             await asyncio.to_thread(fails)
         assert (await asyncio.to_thread(elsewhere)) is not here
+        assert (await asyncio.create_task(asyncio.to_thread(pure, 1)))[1] is here  # a task it starts
+
+    async def unnamed() -> None:
+        assert (await asyncio.to_thread(pure, 1))[1] is not threading.current_thread()
+
+    async def calls() -> None:
+        context = contextvars.copy_context()
+        context.run(runtime.INLINE_OFFLOADS.set, lambda fn: fn in (pure, fails))
+        await asyncio.get_running_loop().create_task(named(), context=context)
+        await unnamed()
+        assert runtime.INLINE_OFFLOADS.get() is None
 
     loop = asyncio.new_event_loop()
-    pool = runtime.DaemonExecutor(thread_name_prefix="test-inline", inline=lambda fn: fn in (pure, fails))
+    pool = runtime.DaemonExecutor(thread_name_prefix="test-inline")
     loop.set_default_executor(pool)
     try:
         loop.run_until_complete(calls())

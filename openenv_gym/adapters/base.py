@@ -58,14 +58,6 @@ class Adapter(abc.ABC):
     pool, server or background task that must go on between them), and nothing it holds is shared
     with another env."""
 
-    @staticmethod
-    def runs_inline(fn: Callable[..., Any]) -> bool:
-        """Whether ``fn``, a blocking call the backend's library hands its loop's executor
-        (``asyncio.to_thread``), may run at once on a loop of the env's own
-        (:attr:`caller_thread`) instead of in a thread: the library's own quick, pure bookkeeping,
-        never code of the user's, which could hang where ``step_timeout`` cannot cut it."""
-        return False
-
     def __init__(self) -> None:
         self._splits: list[Split] | None = None
         self._num_tasks: dict[str, int] = {}

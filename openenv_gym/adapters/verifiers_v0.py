@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import itertools
 import json
@@ -67,6 +68,7 @@ from openenv_gym.errors import (
     TaskNotFound,
 )
 from openenv_gym.importers.verifiers import SourceModule, resolve_source
+from openenv_gym.runtime import INLINE_OFFLOADS
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["VerifiersV0Adapter", "VerifiersV0Episode", "TRUNCATING_STOPS"]
@@ -125,6 +127,16 @@ _PURE_OFFLOADS = frozenset(
     for package in ("", "legacy.")
     for module, name in (("response_utils", "parse_response_tokens.<locals>._sync"),
                          ("save_utils", "state_to_output")))
+
+
+
+def _pure_offload(fn: Callable[..., Any]) -> bool:
+    """The rollout task's :data:`~openenv_gym.runtime.INLINE_OFFLOADS`: the library's own
+    offloads in :data:`_PURE_OFFLOADS` run at once. Three thread hops an episode, each two
+    wake-ups, cost on a shared 2-core machine more than everything of ours
+    (benchmarks/verifiers_v0_bench.py)."""
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _PURE_OFFLOADS
+
 
 _client_class: type | None = None
 
@@ -424,12 +436,6 @@ class VerifiersV0Adapter(Adapter):
     kind = "verifiers_v0"
     caller_thread = True  # the library's loop runs only while a step waits for it
 
-    @staticmethod
-    def runs_inline(fn: Callable[..., Any]) -> bool:
-        # Three thread hops an episode, each two wake-ups: on a shared 2-core machine they cost
-        # a single env's step more than everything of ours (benchmarks/verifiers_v0_bench.py).
-        return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) in _PURE_OFFLOADS
-
     def __init__(
         self,
         *,
@@ -671,9 +677,11 @@ class VerifiersV0Episode(Episode):
         loop = asyncio.get_running_loop()
         self._request = loop.create_future()
         client = _queue_client_class()(self)
+        context = contextvars.copy_context()
+        context.run(INLINE_OFFLOADS.set, _pure_offload)
         self._task = loop.create_task(
             self._rollout(adapter.env.run_rollout(row, client, adapter.model, dict(adapter.sampling_args))),
-            name=f"verifiers-v0 rollout {self.task_id}",
+            name=f"verifiers-v0 rollout {self.task_id}", context=context,
         )
         self._task.add_done_callback(self._on_rollout_done)  # a rollout cancelled before it ran
         adapter._episodes.add(self)

@@ -12,7 +12,8 @@ one module a job:
 * :mod:`~openenv_gym.runtime.retry`: :func:`retry` with :class:`Backoff`;
 * :mod:`~openenv_gym.runtime.worker`: :class:`Worker`, a daemon thread for one session's blocking
   calls, and :class:`DaemonExecutor`, a pool of them that event loops take as their executor (a
-  call that never returns does not hold up interpreter exit).
+  call that never returns does not hold up interpreter exit; the calls a task names in
+  :data:`INLINE_OFFLOADS` run at once instead).
 
 The module-level functions here are the process's :class:`~openenv_gym.runtime.loop.Runtime`'s
 methods. Only public asyncio APIs are used.
@@ -25,12 +26,12 @@ from openenv_gym.runtime.caller_loop import CallerLoop
 from openenv_gym.runtime.deadlines import Deadlines, within
 from openenv_gym.runtime.loop import EXIT_BUDGET, RUNTIME, Runtime
 from openenv_gym.runtime.retry import Backoff, retry
-from openenv_gym.runtime.worker import DaemonExecutor, Worker
+from openenv_gym.runtime.worker import INLINE_OFFLOADS, DaemonExecutor, Worker
 
 __all__ = [
     "get_loop", "run_sync", "submit", "post", "on_runtime", "retry", "Backoff", "track", "untrack",
     "RuntimeClosed", "EXIT_BUDGET", "within", "Deadlines", "close_later", "CallerLoop", "Runtime", "RUNTIME",
-    "in_runtime_thread", "Worker", "DaemonExecutor",
+    "in_runtime_thread", "Worker", "DaemonExecutor", "INLINE_OFFLOADS",
 ]
 
 get_loop = RUNTIME.get_loop

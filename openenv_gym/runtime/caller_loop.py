@@ -12,7 +12,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from openenv_gym.errors import RuntimeClosed
@@ -46,12 +46,11 @@ class CallerLoop:
     ``AgentEnv.areset``/``astep`` do).
     """
 
-    def __init__(self, inline: Callable[[Callable[..., Any]], bool] | None = None) -> None:
+    def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         # A default executor of our own, of daemon threads: closing can leave a hung worker
         # behind, and a call hung in it (a library's to_thread) does not hold up the exit.
-        # The calls ``inline`` names run at once instead (see DaemonExecutor).
-        self._executor = DaemonExecutor(thread_name_prefix="openenv-gym-env", inline=inline)
+        self._executor = DaemonExecutor(thread_name_prefix="openenv-gym-env")
         self._loop.set_default_executor(self._executor)
         self._running = threading.Lock()  # held by the thread driving the loop
         self._task: asyncio.Task[Any] | None = None

@@ -19,9 +19,21 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["DaemonExecutor", "Worker"]
+__all__ = ["DaemonExecutor", "Worker", "INLINE_OFFLOADS"]
 
 T = TypeVar("T")
+
+INLINE_OFFLOADS: contextvars.ContextVar[Callable[[Callable[..., Any]], bool] | None] = contextvars.ContextVar(
+    "openenv_gym_inline_offloads", default=None)
+"""Which blocking calls, handed to a :class:`DaemonExecutor` from this context, run at once in the
+submitting thread instead of in a thread of the pool: given the function called
+(``asyncio.to_thread``'s, unwrapped from its context call). An episode sets it for the task of
+the library loop it starts (``loop.create_task(..., context=...)``): that library's own quick,
+pure bookkeeping then skips a thread hop, which costs two wake-ups, on a shared machine more than
+the call itself, while every other call (a tool's, the user's) still goes to a thread, where a
+hang cannot hold the loop and ``step_timeout`` can leave it behind. Scoped to the task (and the
+tasks it starts), never to the loop: the same library run by other code on the same loop keeps
+its hops."""
 
 
 class Worker:
@@ -74,21 +86,16 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
     contract, and the base class's threads and queue are never used. As in the standard pool, a
     call goes to an idle thread, else to a new one up to ``max_workers``, else waits its turn.
 
+    A call whose submitting context names it in :data:`INLINE_OFFLOADS` runs at once, in the
+    submitting thread.
+
     Args:
         max_workers: threads at most (default: the standard pool's, ``min(32, cpus + 4)``).
         thread_name_prefix: the threads' names, numbered.
-        inline: which calls run at once in the submitting thread rather than in a thread of the
-            pool: given the function called (``asyncio.to_thread``'s, unwrapped from its context
-            call). For a loop of one env's own (:class:`~openenv_gym.runtime.CallerLoop`), whose
-            caller waits for the call anyway: a thread hop costs two wake-ups, on a shared machine
-            more than a library's own quick bookkeeping it offloads (see
-            :meth:`~openenv_gym.adapters.base.Adapter.runs_inline`).
     """
 
-    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "openenv-gym-daemon",
-                 inline: Callable[[Callable[..., Any]], bool] | None = None) -> None:
+    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "openenv-gym-daemon") -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
-        self._inline = inline
         self._limit = max_workers if max_workers is not None else min(32, (os.cpu_count() or 1) + 4)
         self._name = thread_name_prefix
         self._pending: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple, dict] | None]
@@ -100,7 +107,9 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if self._inline is not None and not self._ended and self._inline(_called(fn)):
+        # ``run_in_executor`` submits synchronously, so this context is the submitting task's.
+        inline = INLINE_OFFLOADS.get()
+        if inline is not None and not self._ended and inline(_called(fn)):
             _run_call(future, fn, args, kwargs)
             return future
         with self._guard:

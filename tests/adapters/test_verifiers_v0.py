@@ -561,10 +561,12 @@ def test_a_single_env_runs_on_the_callers_thread_not_the_runtime_loop():
         env.close()
 
 
-def test_the_librarys_own_offloads_run_on_the_callers_thread_and_a_tools_stay_in_threads(monkeypatch):
+def test_the_librarys_own_offloads_run_on_the_episodes_loop_and_a_tools_stay_in_threads(monkeypatch):
     # The library hands its pure bookkeeping to asyncio.to_thread (the rollout's output, a
-    # reply's tokens): a single env runs it at once on the caller's thread. A tool's blocking
-    # call is user code that may hang: it goes to a thread still, and step_timeout cuts it.
+    # reply's tokens): an episode runs it at once on its loop's thread (a single env's: the
+    # caller's; a vector env's: the runtime loop's). A tool's blocking call is user code that may
+    # hang: it goes to a thread still, and step_timeout cuts it. The library's own rollout, run
+    # by other code on the same loop, keeps its thread hops.
     from verifiers.legacy.envs import environment as vf_environment
 
     where: list[threading.Thread] = []
@@ -591,6 +593,33 @@ def test_the_librarys_own_offloads_run_on_the_callers_thread_and_a_tools_stay_in
         assert time.monotonic() - start < 5
     finally:
         env.close()
+
+    def loop_thread() -> threading.Thread:
+        async def which() -> threading.Thread:
+            return threading.current_thread()
+        return runtime.run_sync(which(), 10)
+
+    where.clear()
+    envs = make_vector(2, AdapterSpec("openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter", {"source": SLOW}),
+                       step_timeout=5)
+    try:
+        envs.reset(seed=0, options={"index": 0})
+        obs, *_ = envs.step([call(("doze", '{"seconds": 0.01}'))] * 2)
+        assert [o[-1]["content"] for o in obs] == ["dozed", "dozed"]
+        assert list(envs.step(["done", "done"])[1]) == [1.0, 1.0]
+        assert where == [loop_thread()] * 2
+
+        adapter = VerifiersV0Adapter(source=SLOW)
+        runtime.run_sync(adapter.start(), 60)
+        try:
+            row = runtime.run_sync(adapter.rollout_input("train", 0), 10)
+            where.clear()
+            assert library_output(adapter, row, [call(("doze", '{"seconds": 0.01}')), "done"])["reward"] == 1.0
+            assert where and loop_thread() not in where
+        finally:
+            runtime.run_sync(adapter.aclose(), 30)
+    finally:
+        envs.close()
 
 
 def test_step_timeout_ctrl_c_and_close_from_another_thread_end_a_running_step():
