@@ -48,6 +48,7 @@ from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.shard.ops import Op, OpKind, Result
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.vector.groups import Groups
+from openenv_gym.vector.infos import stack_infos
 from openenv_gym.wire import Message, ToolSpec
 
 __all__ = ["AgentVectorEnv", "Batch", "Phase", "SubEnv", "VectorBackend", "info_at", "check_num_envs"]
@@ -461,12 +462,12 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         ready = self._results(set(env_ids), len(env_ids), None)
         results = [self._subs[i].unread() for i in ready]
         self._collect(ready)
-        infos: dict[str, Any] = {}
-        for result in sorted(results, key=lambda r: r.env_id):
+        results.sort(key=lambda r: r.env_id)
+        for result in results:
             self._absorb(result, reset=True)
             if result.error is not None and result.error.get("user"):
                 raise ConfigurationError(f"sub-env {result.env_id}: {result.error['message']}")
-            infos = self._add_info(infos, result.info, result.env_id)
+        infos = stack_infos([r.info for r in results], [r.env_id for r in results], self.num_envs)
         return tuple(copy.copy(sub.obs) for sub in self._subs), infos
 
     def step(self, actions: Sequence[Any]) -> tuple[tuple[list[Message], ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -508,10 +509,9 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             if len(ready) != self.num_envs:
                 raise ConfigurationError("step_wait() needs a step_async() to every sub-env")
             results = [self._subs[i].unread() for i in ready]
-            infos: dict[str, Any] = {}
             for result in results:
                 self._absorb(result, reset=False)
-                infos = self._add_info(infos, result.info, result.env_id)
+            infos = stack_infos([r.info for r in results], ready, self.num_envs)
             out = (
                 tuple(r.obs for r in results),
                 np.array([r.reward for r in results], dtype=np.float64),
@@ -593,11 +593,10 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         with self._one_caller("recv"):
             ready = self._recv_ready(batch_size, timeout)
             results = [self._subs[i].unread() for i in ready]
-            infos: dict[str, Any] = {}
-            for k, result in enumerate(results):
+            for result in results:
                 self._absorb(result, reset=False)
-                infos = self._add_info(infos, result.info, k)
-            infos = _trim(infos, len(results))  # Gymnasium sizes info arrays by num_envs
+            # Sized by the batch: info k is the k-th result's (Gymnasium's would be num_envs long)
+            infos = stack_infos([r.info for r in results], range(len(results)), len(results))
             batch = Batch(
                 tuple(r.obs for r in results),
                 np.array([r.reward for r in results], dtype=np.float64),
@@ -608,39 +607,6 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             )
             self._collect(ready)
             return batch
-
-    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
-        """Gymnasium's ``VectorEnv._add_info``, result for result, without its per-call waste.
-
-        Gymnasium builds a fresh mask array for every key of every sub-env's info (the default of
-        ``dict.get`` is evaluated even when the mask exists); over the many small infos of a
-        first-ready batch that was most of the cost of assembling a batch.
-        """
-        for key, value in env_info.items():
-            if key == "final_obs":
-                array = vector_infos.get("final_obs")
-                if array is None:
-                    array = np.full(self.num_envs, fill_value=None, dtype=object)
-                array[env_num] = value
-            elif isinstance(value, dict):
-                array = self._add_info(vector_infos.get(key, {}), value, env_num)
-            else:
-                array = vector_infos.get(key)
-                if array is None:
-                    kind = type(value)
-                    if kind in (int, float, bool) or issubclass(kind, np.number):
-                        array = np.zeros(self.num_envs, dtype=kind)
-                    elif isinstance(value, np.ndarray):
-                        array = np.zeros((self.num_envs, *value.shape), dtype=value.dtype)
-                    else:
-                        array = np.full(self.num_envs, fill_value=None, dtype=object)
-                array[env_num] = value
-            mask = vector_infos.get(f"_{key}")
-            if mask is None:
-                mask = np.zeros(self.num_envs, dtype=np.bool_)
-            mask[env_num] = True
-            vector_infos[key], vector_infos[f"_{key}"] = array, mask
-        return vector_infos
 
     def _recv_ready(self, batch_size: int | None, timeout: float | None) -> list[int]:
         in_flight = sum(sub.busy for sub in self._subs)
@@ -742,10 +708,6 @@ def _check_mask(mask: Any, n: int) -> None:
         raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
     if not mask.any():
         raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value")
-
-
-def _trim(infos: dict[str, Any], n: int) -> dict[str, Any]:
-    return {k: (_trim(v, n) if isinstance(v, dict) else v[:n]) for k, v in infos.items()}
 
 
 def info_at(infos: dict[str, Any], k: int) -> dict[str, Any]:

@@ -1,12 +1,15 @@
-"""The vector envs' info merging gives exactly what Gymnasium's ``VectorEnv._add_info`` gives.
+"""The vector envs' infos are exactly what Gymnasium's ``VectorEnv._add_info`` gives.
 
-:meth:`AgentVectorEnv._add_info` is a faster copy of Gymnasium's (it skips building a mask array
-per key per call); a trainer reading ``infos["x"]`` and ``infos["_x"]`` must not see a difference,
-for any nesting, type mix, ``final_obs`` or order of sub-envs.
+:func:`~openenv_gym.vector.infos.stack_infos` builds a batch's infos a key at a time rather than
+Gymnasium's sub-env at a time; a trainer reading ``infos["x"]`` and ``infos["_x"]`` must not see a
+difference, for any nesting, type mix, ``final_obs``, keys missing from some infos, or order of
+sub-envs: the batch of ``recv`` (info k at slot k) as well as ``step``'s and a partial
+``reset``'s (the sub-envs' own slots of ``num_envs``).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -14,7 +17,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from openenv_gym.vector.base import AgentVectorEnv
+from openenv_gym.vector.infos import stack_infos
 
 N = 5
 leaf = st.one_of(st.integers(-5, 5), st.floats(allow_nan=False, width=32), st.booleans(), st.text(max_size=3),
@@ -22,20 +25,38 @@ leaf = st.one_of(st.integers(-5, 5), st.floats(allow_nan=False, width=32), st.bo
 infos = st.recursive(
     st.dictionaries(st.sampled_from(["a", "b", "c", "final_obs"]), leaf, max_size=4),
     lambda inner: st.dictionaries(st.sampled_from(["a", "b", "x"]), inner, max_size=3), max_leaves=8)
+# Several infos alike, as a batch mostly is (same keys, same types), with a few odd ones.
+batches = st.one_of(
+    st.lists(infos, max_size=N),
+    st.tuples(infos, st.integers(1, N)).map(lambda pair: [pair[0]] * pair[1]),
+)
 
 
 class _Sized:
-    num_envs = N
+    """What Gymnasium's ``_add_info`` reads of its vector env (its recursion calls itself)."""
+
+    _add_info = gym.vector.VectorEnv._add_info
+
+    def __init__(self, size: int):
+        self.num_envs = size
 
 
-def _merge(add: Any, seq: list[tuple[dict, int]]) -> Any:
-    out: dict[str, Any] = {}
+def _outcome(build: Any) -> Any:
     try:
-        for info, env_num in seq:
-            out = add(_Sized(), out, info, env_num)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return build()
     except Exception as exc:  # both must fail alike on the same odd input
         return type(exc)
-    return out
+
+
+def _gymnasium(batch: list[dict], slots: list[int], size: int) -> Any:
+    def build() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for info, slot in zip(batch, slots):
+            out = _Sized(size)._add_info(out, info, slot)
+        return out
+    return _outcome(build)
 
 
 def _same(ours: Any, theirs: Any) -> None:
@@ -43,15 +64,37 @@ def _same(ours: Any, theirs: Any) -> None:
     if isinstance(theirs, type):
         return
     if isinstance(theirs, dict):
-        assert ours.keys() == theirs.keys()
+        assert list(ours) == list(theirs)  # the same keys in the same order
         for key in theirs:
             _same(ours[key], theirs[key])
+        return
+    if not isinstance(theirs, np.ndarray):  # Gymnasium's own oddities (a dict key that was a number)
+        assert repr(ours) == repr(theirs)
         return
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     assert repr(ours.tolist()) == repr(theirs.tolist())
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(infos, st.integers(0, N - 1)), max_size=6))
-def test_add_info_matches_gymnasium(seq: list[tuple[dict, int]]) -> None:
-    _same(_merge(AgentVectorEnv._add_info, seq), _merge(gym.vector.VectorEnv._add_info, seq))
+@given(batches)
+def test_a_recv_batch_matches_gymnasium(batch: list[dict]) -> None:
+    slots = list(range(len(batch)))
+    _same(_outcome(lambda: stack_infos(batch, range(len(batch)), len(batch))), _gymnasium(batch, slots, len(batch)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches, st.randoms(use_true_random=False))
+def test_sub_envs_in_their_own_slots_match_gymnasium(batch: list[dict], rng: Any) -> None:
+    slots = sorted(rng.sample(range(N), len(batch)))
+    _same(_outcome(lambda: stack_infos(batch, slots, N)), _gymnasium(batch, slots, N))
+
+
+def test_a_batch_of_alike_infos_is_stacked_by_key() -> None:
+    info = {"calls": [{"name": "step", "ok": True}], "observation": {"metadata": {"steps": 1}, "x": 1},
+            "turn": 2, "final_obs": [{"role": "tool"}]}
+    out = stack_infos([info, {**info, "turn": 3}], range(2), 2)
+    assert list(out) == ["calls", "_calls", "observation", "_observation", "turn", "_turn", "final_obs", "_final_obs"]
+    assert out["calls"].dtype == object and out["calls"].shape == (2,) and out["calls"][1] == [{"name": "step", "ok": True}]
+    assert out["turn"].tolist() == [2, 3] and out["turn"].dtype == np.int64 and out["_turn"].all()
+    assert out["observation"]["metadata"]["steps"].tolist() == [1, 1]
+    assert out["final_obs"][0] == [{"role": "tool"}]
