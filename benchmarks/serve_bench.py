@@ -21,7 +21,8 @@ the native server of its ecosystem, over both protocols, in env-steps/s.
 An episode is a reset and two steps (the last one ends it with reward 1.0, checked); a figure counts
 the steps, resets included in the time. Each case runs *single* (one client, episodes in turn) and
 with *64 concurrent sessions* (64 coroutines on one event loop; the direct side a vector env of 64).
-The sides alternate in rounds (the machine is shared and noisy); reported: the median of the
+The sides alternate in rounds (the machine is shared and noisy), served and native next to each
+other in every round and each of them first in every other; reported: the median of the
 per-round ratios (served / native, served / direct) with their min and max.
 
     python benchmarks/serve_bench.py [--seconds 4] [--rounds 5] [--sessions 64] [--only ors,openenv] [--json out.json]
@@ -338,7 +339,10 @@ def run_case(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         for side in sides.values():  # warm every path up
             side(1, 0), side(args.sessions, 0)
         for r in range(args.rounds):
-            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            # Served and native side by side, each first in every other round: the figure is
+            # their ratio, and on a shared machine the load drifts over a round's 30-odd seconds.
+            paired = ["served", "native"] + [name for name in sides if name not in ("served", "native")]
+            order = paired if r % 2 == 0 else paired[::-1]
             for case, clients in cases.items():
                 for name in order:
                     rate, per_step = measured(lambda name=name, clients=clients, r=r: sides[name](clients, 100 + r * 1000))
