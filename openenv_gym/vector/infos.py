@@ -6,14 +6,15 @@ batch of 16 small infos (an OpenEnv step's holds ten keys, nested three deep) co
 bookkeeping of every sub-env's every key, more per env-step than the rest of ``recv``. A column
 of numbers is placed in one numpy assignment and a mask that is all ``True`` is made whole; what
 the key-at-a-time build cannot mirror exactly (a key that is a dict in one info and not in
-another) is built Gymnasium's way.
+another) is built by Gymnasium's own ``_add_info``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 __all__ = ["stack_infos"]
@@ -21,6 +22,16 @@ __all__ = ["stack_infos"]
 
 class _Irregular(Exception):
     """A key holds a dict in one info and something else in another."""
+
+
+class _Sized:
+    """What Gymnasium's own ``VectorEnv._add_info`` reads of its vector env (its recursion calls
+    itself): the irregular batches are built by Gymnasium's code, not a copy of it."""
+
+    _add_info: Callable[..., dict[str, Any]] = gym.vector.VectorEnv._add_info
+
+    def __init__(self, size: int):
+        self.num_envs = size
 
 
 def stack_infos(infos: Sequence[dict[str, Any]], slots: Sequence[int], size: int) -> dict[str, Any]:
@@ -34,9 +45,10 @@ def stack_infos(infos: Sequence[dict[str, Any]], slots: Sequence[int], size: int
     try:
         return _stacked(infos, slots, size)
     except _Irregular:
+        merger = _Sized(size)
         out: dict[str, Any] = {}
         for info, slot in zip(infos, slots):
-            out = _add_info(out, info, slot, size)
+            out = merger._add_info(out, info, slot)
         return out
 
 
@@ -111,32 +123,3 @@ def _column(key: str, values: list[Any], where: Sequence[int], size: int, dense:
     for slot, item in zip(where, values):
         array[slot] = item
     return array
-
-
-def _add_info(vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int, size: int) -> dict[str, Any]:
-    """Gymnasium's ``VectorEnv._add_info`` for one info, for the infos :func:`_stacked` refuses."""
-    for key, value in env_info.items():
-        if key == "final_obs":
-            array = vector_infos.get("final_obs")
-            if array is None:
-                array = np.full(size, fill_value=None, dtype=object)
-            array[env_num] = value
-        elif isinstance(value, dict):
-            array = _add_info(vector_infos.get(key, {}), value, env_num, size)
-        else:
-            array = vector_infos.get(key)
-            if array is None:
-                kind = type(value)
-                if kind in (int, float, bool) or issubclass(kind, np.number):
-                    array = np.zeros(size, dtype=kind)
-                elif isinstance(value, np.ndarray):
-                    array = np.zeros((size, *value.shape), dtype=value.dtype)
-                else:
-                    array = np.full(size, fill_value=None, dtype=object)
-            array[env_num] = value
-        mask = vector_infos.get(f"_{key}")
-        if mask is None:
-            mask = np.zeros(size, dtype=np.bool_)
-        mask[env_num] = True
-        vector_infos[key], vector_infos[f"_{key}"] = array, mask
-    return vector_infos
