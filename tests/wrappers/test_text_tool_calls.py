@@ -43,6 +43,10 @@ ident_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,30}", fullmatch=True)
 prose = st.text(max_size=40).filter(lambda s: not any(m in s for m in MARKERS))
 leading_prose = prose.filter(lambda s: not s.lstrip().startswith(("{", "[")))
 calls_st = st.lists(st.tuples(names, arguments), min_size=1, max_size=4)
+# Llama 3's JSON calls are found by their <|python_tag|>, a token its template reserves: a tool
+# whose name holds it (or another format's marker) cannot be told from the tag.
+unmarked_calls_st = st.lists(st.tuples(names.filter(lambda s: not any(m in s for m in MARKERS)), arguments),
+                             min_size=1, max_size=4)
 
 
 def dumps(value, ascii_: bool) -> str:
@@ -80,7 +84,7 @@ def test_hermes_round_trips(calls, data, ascii_, sep, closed_last, end):
 
 
 @settings(max_examples=150, deadline=None)
-@given(calls=calls_st, before=leading_prose, tag=st.booleans(), key=st.sampled_from(["parameters", "arguments"]),
+@given(calls=unmarked_calls_st, before=leading_prose, tag=st.booleans(), key=st.sampled_from(["parameters", "arguments"]),
        shape=st.sampled_from(["semicolons", "array"]), ascii_=st.booleans(),
        end=st.sampled_from(["", "<|eom_id|>", "<|eot_id|>"]))
 def test_llama3_json_round_trips(calls, before, tag, key, shape, ascii_, end):
