@@ -182,18 +182,22 @@ def _hermes(text: str) -> tuple[list[tuple[str, Any, str | None]], str | None] |
 
 def _llama3(text: str) -> tuple[list[tuple[str, Any, str | None]], str | None] | None:
     body = _strip_end(text)
-    if PYTHON_TAG in body:
-        before, _, body = body.partition(PYTHON_TAG)
-        return _objects(_json_values(body, "the <|python_tag|> text"), "the <|python_tag|> text"), _outside([before])
     stripped = body.lstrip()
-    if not stripped.startswith(("{", "[")):
+    tagged = PYTHON_TAG in body
+    if stripped.startswith(("{", "[")):
+        # A message that is all calls is read whole first: a tag inside one of its strings (an
+        # argument that quotes the token) is then a string, not where the calls begin.
+        try:
+            return _objects(_json_values(stripped, "the JSON text"), "the JSON text"), None
+        except _Bad:
+            if not tagged:
+                if _LLAMA_ATTEMPT.match(stripped):
+                    raise
+                return None  # a JSON answer, not a call
+    if not tagged:
         return None
-    try:
-        return _objects(_json_values(stripped, "the JSON text"), "the JSON text"), None
-    except _Bad:
-        if _LLAMA_ATTEMPT.match(stripped):
-            raise
-        return None  # a JSON answer, not a call
+    before, _, body = body.partition(PYTHON_TAG)
+    return _objects(_json_values(body, "the <|python_tag|> text"), "the <|python_tag|> text"), _outside([before])
 
 
 def _mistral(text: str) -> tuple[list[tuple[str, Any, str | None]], str | None] | None:
