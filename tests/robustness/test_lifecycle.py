@@ -259,7 +259,8 @@ def test_step_timeout_is_one_name_with_a_finite_default_and_messages_name_the_li
     envs = gym.make_vec("openenv/ORS-v0", num_envs=2, step_timeout=0.5, **PROBE)
     try:
         assert envs.step_timeout == 0.5
-        envs.reset(seed=0)
+        _, infos = envs.reset(seed=0)
+        assert "error" not in infos, infos["error"]  # a reset past the limit would fail the test here
         *_, infos = envs.step([call("slow", {"seconds": 5}), call("hint", {})])
         assert "step_timeout=0.5 s" in infos["error"]["message"][0]
     finally:
