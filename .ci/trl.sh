@@ -10,14 +10,22 @@
 # `==2.13.0` admits the `2.13.0+cpu` local version and pip prefers it. For the CPU build on Linux
 # x86_64 from PyTorch's own CPU index, set TORCH_INDEX_URL to that index (README, "Training with
 # TRL"); nothing else is fetched from it.
+#
+# `bash .ci/trl.sh` does both; `install` only builds the venv, `run` only runs (CI builds it in the
+# background while other steps run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off TRL_EXPERIMENTAL_SILENCE=1
-python3 -m venv .venv-trl
-torch=(torch==2.13.0)
-if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch+=(--index-url "$TORCH_INDEX_URL"); fi
-.venv-trl/bin/pip install -q "${torch[@]}"
-.venv-trl/bin/pip install -q -e '.[ors,verifiers,trl,dev]'
+phase="${1:-all}"
+case "$phase" in all|install|run) ;; *) echo "usage: $0 [install|run]" >&2; exit 2 ;; esac
+if [[ "$phase" != run ]]; then
+  python3 -m venv .venv-trl
+  torch=(torch==2.13.0)
+  if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch+=(--index-url "$TORCH_INDEX_URL"); fi
+  .venv-trl/bin/pip install -q "${torch[@]}"
+  .venv-trl/bin/pip install -q -e '.[ors,verifiers,trl,dev]'
+fi
+[[ "$phase" != install ]] || exit 0
 .venv-trl/bin/python -c "import importlib.metadata as m, torch; print(*(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers', 'verifiers')), 'CUDA build' if torch.version.cuda else 'CPU build', sep=', ')"
 .venv-trl/bin/python examples/trl_grpo.py --steps 2
 .venv-trl/bin/python examples/trl_env_factory.py --env mixture --steps 2
