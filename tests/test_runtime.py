@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import pytest
 
@@ -445,6 +446,44 @@ def test_daemon_executor_runs_calls_as_a_thread_pool_does():
         assert loop.run_until_complete(on_loop()) == "test-loop_0"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("kind", ["executor", "worker"])
+def test_a_thread_lets_go_of_a_call_before_the_caller_wakes(kind):
+    """An env closed through a thread's call and dropped at once (``gc.collect()`` right after,
+    which holds the GIL) must be collectable: the thread holds neither the call's function, its
+    arguments nor its result when the future wakes the caller (its done callbacks run then)."""
+    class Job:
+        def __call__(self, arg: object) -> object:
+            gate.wait(10)
+            return Result()
+
+    class Arg:
+        pass
+
+    class Result:
+        pass
+
+    gate = threading.Event()
+    job, arg = Job(), Arg()
+    refs = (weakref.ref(job), weakref.ref(arg))
+    if kind == "executor":
+        pool = runtime.DaemonExecutor(max_workers=1, thread_name_prefix="test-let-go")
+        future = pool.submit(job, arg)
+    else:
+        pool = runtime.Worker("test-let-go")
+        pool.start()
+        future = pool.submit(job, arg)
+    held: list[tuple[object, object]] = []
+    future.add_done_callback(lambda f: held.append((refs[0](), refs[1]())))
+    del job, arg
+    gate.set()
+    result = future.result(timeout=10)
+    assert held == [(None, None)]
+    result_ref = weakref.ref(result)
+    del result, future
+    assert result_ref() is None  # the thread kept no reference to the result either
+    pool.shutdown()
 
 
 def test_daemon_executor_runs_the_calls_a_task_names_at_once_in_the_submitting_thread():

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 __all__ = ["DaemonExecutor", "Worker", "INLINE_OFFLOADS"]
 
 T = TypeVar("T")
+_Call = list[Any]
+"""A queued call, ``[future, fn, args, kwargs]``: a list, so the thread running it can empty it."""
 
 INLINE_OFFLOADS: contextvars.ContextVar[Callable[[Callable[..., Any]], bool] | None] = contextvars.ContextVar(
     "openenv_gym_inline_offloads", default=None)
@@ -45,7 +47,7 @@ class Worker:
     """
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple, dict] | None]
+        self._calls: queue.SimpleQueue[_Call | None]
         self._calls = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.busy = False
@@ -57,7 +59,7 @@ class Worker:
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         """Queue ``fn(*args, **kwargs)``; its future (cancelling it before it starts skips the call)."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._calls.put((future, fn, args, kwargs))
+        self._calls.put([future, fn, args, kwargs])
         return future
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -72,7 +74,7 @@ class Worker:
         while (item := self._calls.get()) is not None:
             self.busy = True
             try:
-                _run_call(*item)
+                _run_call(item)
             finally:
                 self.busy = False
             del item  # hold nothing of a finished call while waiting
@@ -98,7 +100,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self._limit = max_workers if max_workers is not None else min(32, (os.cpu_count() or 1) + 4)
         self._name = thread_name_prefix
-        self._pending: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple, dict] | None]
+        self._pending: queue.SimpleQueue[_Call | None]
         self._pending = queue.SimpleQueue()
         self._free = threading.Semaphore(0)  # one count per thread waiting for a call
         self._guard = threading.Lock()
@@ -110,12 +112,12 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         # ``run_in_executor`` submits synchronously, so this context is the submitting task's.
         inline = INLINE_OFFLOADS.get()
         if inline is not None and not self._ended and inline(_called(fn)):
-            _run_call(future, fn, args, kwargs)
+            _run_call([future, fn, args, kwargs])
             return future
         with self._guard:
             if self._ended:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._pending.put((future, fn, args, kwargs))
+            self._pending.put([future, fn, args, kwargs])
             if not self._free.acquire(blocking=False) and len(self._daemons) < self._limit:
                 thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._daemons)}", daemon=True)
                 thread.start()
@@ -145,7 +147,7 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
 
     def _serve(self) -> None:
         while (item := self._pending.get()) is not None:
-            _run_call(*item)
+            _run_call(item)
             del item  # hold nothing of a finished call while waiting
             self._free.release()
 
@@ -159,12 +161,23 @@ def _called(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _run_call(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """One queued call, its outcome into its future (none if the future was cancelled first)."""
-    if future.set_running_or_notify_cancel():
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to the caller, whatever it is
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+def _run_call(call: _Call) -> None:
+    """One queued call, its outcome into its future (none if the future was cancelled first).
+
+    The thread lets go of the call (its function, arguments and result) before the future wakes
+    the caller: a caller that closes an env and drops it right after (``gc.collect()`` holding the
+    GIL) finds nothing of it still held by this thread.
+    """
+    future, fn, args, kwargs = call
+    call.clear()
+    if not future.set_running_or_notify_cancel():
+        return
+    outcome: list[Any] = []
+    try:
+        outcome.append(fn(*args, **kwargs))
+    except BaseException as exc:  # handed to the caller, whatever it is
+        del fn, args, kwargs
+        future.set_exception(exc)
+    else:
+        del fn, args, kwargs
+        future.set_result(outcome.pop())
