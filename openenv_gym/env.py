@@ -103,7 +103,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
             self.runner = runner
         else:
             assert adapter is not None  # exactly one of the two, checked above
-            self.runner = SessionRunner(EnvSession(adapter, split=split, max_turns=max_turns), own_loop=adapter.caller_thread)
+            self.runner = SessionRunner(EnvSession(adapter, split=split, max_turns=max_turns),
+                                        own_loop=adapter.caller_thread, idle_pass=adapter.idle_pass)
         self._closed = False
         self._busy = threading.Lock()
         try:

@@ -4,10 +4,11 @@
 implementation per place the session can live:
 
 * :class:`SessionRunner`: an :class:`~openenv_gym.session.EnvSession` in this process, its calls run
-  on the package's runtime loop (``runtime.run_sync``), or, for an adapter that holds nothing
-  between calls (``Adapter.caller_thread``: a legacy Verifiers env), on a loop of the env's own
-  that the caller's thread drives while a call lasts (:class:`~openenv_gym.runtime.CallerLoop`),
-  which saves the two thread wake-ups of a hop to the runtime loop.
+  on the package's runtime loop (``runtime.run_sync``), or, for an adapter that needs nothing
+  between calls but a short pass of its loop now and then (``Adapter.caller_thread``: a legacy
+  Verifiers env; an OpenEnv server given by URL), on a loop of the env's own that the caller's
+  thread drives while a call lasts (:class:`~openenv_gym.runtime.CallerLoop`), which saves the
+  two thread wake-ups of a hop to the runtime loop.
 * :class:`~openenv_gym.hosts.runner.HostRunner`: a one-sub-env
   :class:`~openenv_gym.shard.shard.Shard` in an adapter host process under another interpreter
   (``python=``, ``isolate=True``), driven over a blocking socket from the caller's thread; a host
@@ -87,12 +88,15 @@ class SessionRunner(Runner):
         session: the session (its adapter is started by :meth:`start` and closed by :meth:`close`).
         own_loop: run on a loop of the env's own driven by the caller's thread
             (:class:`~openenv_gym.runtime.CallerLoop`) rather than on the runtime loop.
+        idle_pass: with ``own_loop``, seconds between the passes a thread makes over that loop
+            while no call runs (what the adapter's connections need between calls:
+            :attr:`~openenv_gym.adapters.base.Adapter.idle_pass`).
     """
 
-    def __init__(self, session: EnvSession, *, own_loop: bool = False):
+    def __init__(self, session: EnvSession, *, own_loop: bool = False, idle_pass: float | None = None):
         self.session = session
         self.max_turns = session.max_turns
-        self._own = runtime.CallerLoop() if own_loop else None
+        self._own = runtime.CallerLoop(idle_pass) if own_loop else None
         self._run = self._own.run if self._own is not None else runtime.run_sync
 
     @property

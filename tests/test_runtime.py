@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import gc
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Any
 
 import pytest
 
@@ -137,11 +139,65 @@ def sigint_after(seconds: float) -> threading.Timer:
     return timer
 
 
-@pytest.fixture
-def runner():
-    loop = runtime.CallerLoop()
+@pytest.fixture(params=[None, 0.02], ids=["no-idle-pass", "idle-pass"])
+def runner(request):
+    """A CallerLoop, also with idle passes every 20 ms (every call then races them for the loop)."""
+    loop = runtime.CallerLoop(request.param)
     yield loop
     loop.close(asyncio.sleep(0), 5)  # nothing if the test closed it
+
+
+def idle_pass_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "openenv-gym-idle-pass"]
+
+
+def test_caller_loop_idle_passes_run_what_arrives_between_calls_and_end_with_the_loop():
+    """Between calls only the idle passes drive the loop: data that arrives is read (a WebSocket's
+    ping answered) within a pass, not at the next call; the passes end when the loop is closed or
+    dropped."""
+    before = set(idle_pass_threads())
+    for idle_pass in (None, 0.05):
+        ours, theirs = socket.socketpair()
+        got: list[bytes] = []
+        caller_loop = runtime.CallerLoop(idle_pass)
+
+        caller_loop.run(_listen(ours, got), 5)
+        theirs.send(b"ping")
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if idle_pass is None:
+            assert got == []  # read only once a call drives the loop
+            caller_loop.run(asyncio.sleep(0), 5)
+        assert got == [b"ping"]
+        caller_loop.run(_remove_reader(ours.fileno()), 5)
+        ours.close(), theirs.close()
+        if idle_pass is not None:
+            assert len(set(idle_pass_threads()) - before) == 1
+            caller_loop.close(asyncio.sleep(0), 5)
+            _wait_until(lambda: set(idle_pass_threads()) <= before)
+            dropped = runtime.CallerLoop(idle_pass)
+            assert len(set(idle_pass_threads()) - before) == 1
+            del dropped  # never closed: the thread holds it weakly, and ends at its next pass
+            gc.collect()
+            _wait_until(lambda: set(idle_pass_threads()) <= before)
+        else:
+            caller_loop.close(asyncio.sleep(0), 5)
+
+
+async def _listen(sock: socket.socket, got: list[bytes]) -> None:
+    asyncio.get_running_loop().add_reader(sock.fileno(), lambda: got.append(sock.recv(16)))
+
+
+async def _remove_reader(fd: int) -> None:
+    asyncio.get_running_loop().remove_reader(fd)
+
+
+def _wait_until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.01)
 
 
 def test_caller_loop_runs_on_the_callers_thread_and_keeps_state_between_calls(runner):

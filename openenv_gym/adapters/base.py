@@ -54,9 +54,13 @@ class Adapter(abc.ABC):
     caller_thread: bool = False
     """True when a single env may run this adapter on a loop of its own, driven by the caller's
     thread during each call (:class:`~openenv_gym.runtime.CallerLoop`), instead of hopping to the
-    runtime loop's thread: all its work happens inside the calls, in this process (no connection
-    pool, server or background task that must go on between them), and nothing it holds is shared
-    with another env."""
+    runtime loop's thread: its work happens inside the calls, in this process (no server it
+    launches, no background task that must run on time between calls), nothing it holds is
+    shared with another env, and its connections need between calls at most the passes of
+    :attr:`idle_pass`."""
+    idle_pass: float | None = None
+    """With :attr:`caller_thread`: seconds between the passes made over the env's own loop while
+    no call runs, so its connections answer pings (``None``: it holds no connection)."""
 
     def __init__(self) -> None:
         self._splits: list[Split] | None = None

@@ -272,6 +272,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
     """
 
     kind = "openenv"
+    idle_pass = 1.0  # a WebSocket's pings (a server's come every 20 s or so) answered within a second
 
     def __init__(
         self,
@@ -312,6 +313,10 @@ class OpenEnvAdapter(ServerReport, Adapter):
             raise ConfigurationError("headers must be a dict of strings")
         self.url = url
         self.source = os.fspath(source) if source is not None else None
+        # A server given by URL is all sockets of this adapter's own, which a single env can
+        # drive from the caller's thread (a launched source shares its processes across envs,
+        # on the runtime loop).
+        self.caller_thread = source is None
         self.env_name = env_name
         self.python = server_python
         self.listen = listen

@@ -1,8 +1,10 @@
 """CallerLoop: a single in-process env's own event loop, driven by the caller's thread per call.
 
-For backends whose work all happens inside the calls (a legacy Verifiers env): they skip the hop
-to the runtime loop's thread (:mod:`openenv_gym.runtime.loop`) and back, two thread wake-ups a
-call, by running on a loop the caller's own thread drives while the call lasts.
+For backends whose work all happens inside the calls (a legacy Verifiers env), or whose
+connections need between calls only what a short pass of the loop now and then gives them (an
+OpenEnv server's WebSocket: its pings answered): they skip the hop to the runtime loop's thread
+(:mod:`openenv_gym.runtime.loop`) and back, two thread wake-ups a call, by running on a loop the
+caller's own thread drives while the call lasts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -44,15 +47,22 @@ class CallerLoop:
     made while the exit hook runs. A call from inside a running event loop is refused: that
     thread's loop would have to stop for this one to run (use a worker thread, as
     ``AgentEnv.areset``/``astep`` do).
+
+    Args:
+        idle_pass: seconds between the passes a thread of its own makes over the loop while no call
+            runs (``None``: none). A pass runs what is ready (data that arrived, timers that are
+            due) and returns: a WebSocket's pings are answered, and its keep-alive timers run,
+            while the caller spends minutes between steps generating the next action.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, idle_pass: float | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         # A default executor of our own, of daemon threads: closing can leave a hung worker
         # behind, and a call hung in it (a library's to_thread) does not hold up the exit.
         self._executor = DaemonExecutor(thread_name_prefix="openenv-gym-env")
         self._loop.set_default_executor(self._executor)
         self._running = threading.Lock()  # held by the thread driving the loop
+        self._calling = threading.Lock()  # held by the thread of the running call
         self._task: asyncio.Task[Any] | None = None
         self._deadline: float | None = None  # loop time by which the running call must end
         self._why: str | None = None  # what cut the running call short: "timeout" or "interrupt"
@@ -64,6 +74,12 @@ class CallerLoop:
         # running call's deadline every WAIT_SLICE seconds, and wakes the selector so a SIGINT
         # delivered to another thread is seen. Between calls it waits in the loop's heap.
         self._watch = self._loop.call_later(WAIT_SLICE, self._on_watch)
+        self._idle_ended = threading.Event()
+        if idle_pass is not None:
+            # The thread holds the loop by a weak reference: an env dropped without close() is
+            # collected (its close_later ends the thread), as it would be without one.
+            threading.Thread(target=_keep_idle, args=(weakref.ref(self), idle_pass, self._idle_ended),
+                             name="openenv-gym-idle-pass", daemon=True).start()
 
     @property
     def closed(self) -> bool:
@@ -88,17 +104,21 @@ class CallerLoop:
             coro.close()
             raise RuntimeError("a blocking call of an env made inside a running event loop; await its "
                                "async method (areset/astep) instead")
-        if not self._running.acquire(blocking=False):
+        if not self._calling.acquire(blocking=False):
             coro.close()
             raise RuntimeError("this environment's loop is already running in another thread")
         try:
-            return self._run(coro, RUNTIME.bounded(timeout), timeout, what, limit)
+            self._running.acquire()  # an idle pass holds it for a moment at most
+            try:
+                return self._run(coro, RUNTIME.bounded(timeout), timeout, what, limit)
+            finally:
+                self._task = self._deadline = self._why = None
+                if self._grace is not None:
+                    self._grace.cancel()
+                    self._grace = None
+                self._running.release()
         finally:
-            self._task = self._deadline = self._why = None
-            if self._grace is not None:
-                self._grace.cancel()
-                self._grace = None
-            self._running.release()
+            self._calling.release()
             closing, self._close_when_free = self._close_when_free, None
             if closing is not None:  # close() gave up waiting for this call: close here
                 self.close(closing, CANCEL_GRACE)
@@ -183,15 +203,15 @@ class CallerLoop:
         if self._loop.is_closed():
             coro.close()
             return
-        if not self._running.acquire(blocking=False):
+        if not self._calling.acquire(blocking=False):
             task, loop = self._task, self._loop
             if task is not None:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(task.cancel)
-            if not self._running.acquire(timeout=RUNTIME.bounded(CANCEL_GRACE) or 0.0):
+            if not self._calling.acquire(timeout=RUNTIME.bounded(CANCEL_GRACE) or 0.0):
                 self._close_when_free = coro
                 return
-        self._running.release()
+        self._calling.release()
         try:
             with contextlib.suppress(RuntimeClosed):
                 self.run(coro, timeout, what="close", limit="the close limit")
@@ -201,8 +221,10 @@ class CallerLoop:
     def _shutdown(self) -> None:
         """Cancel what is left on the loop, give it a moment, and close the loop."""
         loop = self._loop
-        if loop.is_closed() or not self._running.acquire(blocking=False):
+        if loop.is_closed() or not self._calling.acquire(blocking=False):
             return
+        self._idle_ended.set()
+        self._running.acquire()  # an idle pass holds it for a moment at most
         try:
             self._watch.cancel()
             tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
@@ -217,6 +239,23 @@ class CallerLoop:
             # A worker thread that hangs must not hold the caller.
             self._executor.shutdown(wait=False, cancel_futures=True)
             loop.close()
+        finally:
+            self._running.release()
+            self._calling.release()
+
+    def _idle_pass(self) -> None:
+        """One pass over the loop while no call runs: what is ready runs, then it returns."""
+        if not self._running.acquire(blocking=False):
+            return  # a call drives the loop now
+        try:
+            loop = self._loop
+            if loop.is_closed():
+                return
+            loop.call_soon(loop.stop)
+            # An error of a callback goes to the loop's exception handler; only a BaseException
+            # (SystemExit from a library) gets here, and this thread is no place for it.
+            with contextlib.suppress(BaseException):
+                loop.run_forever()
         finally:
             self._running.release()
 
@@ -236,6 +275,16 @@ class CallerLoop:
             threading.Thread(target=self.close, args=(coro, CANCEL_GRACE), name="openenv-gym-close").start()
         except RuntimeError:  # the interpreter is shutting down
             coro.close()
+
+
+def _keep_idle(ref: weakref.ref[CallerLoop], every: float, ended: threading.Event) -> None:
+    """The idle-pass thread of a :class:`CallerLoop`: a pass every ``every`` seconds until it closes."""
+    while not ended.wait(every):
+        caller_loop = ref()
+        if caller_loop is None:
+            return
+        caller_loop._idle_pass()
+        del caller_loop
 
 
 async def _stopping(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:

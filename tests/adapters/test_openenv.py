@@ -38,14 +38,15 @@ TASKS = ENVS / "openenv_tasks_env"
 class Uvicorn:
     """``uvicorn <pkg>.server.app:app`` on 127.0.0.1, started and stopped by PID."""
 
-    def __init__(self, package: str, sessions: int = 8, port: int | None = None, extra_env: dict | None = None):
+    def __init__(self, package: str, sessions: int = 8, port: int | None = None, extra_env: dict | None = None,
+                 args: tuple[str, ...] = ()):
         self.package, self.sessions = package, sessions
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, MAX_CONCURRENT_ENVS=str(sessions), ENABLE_WEB_INTERFACE="false", **(extra_env or {}))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", f"{package}.server.app:app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning"],
+             "--port", str(self.port), "--log-level", "warning", *args],
             cwd=str(ENVS), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
 
@@ -310,6 +311,32 @@ def test_capacity_refusal_is_retried_then_says_how_to_raise_the_limit():
     finally:
         first.close()
         second.close()
+        server.stop()
+
+
+def test_a_single_env_by_url_runs_on_the_callers_thread_and_its_socket_outlives_idle_time(monkeypatch):
+    """A single env on a server given by URL drives its WebSocket from the caller's thread (no hop
+    to the runtime loop); between calls, idle passes answer the server's pings, so a socket left
+    idle far longer than the server's ping timeout (a model generating for minutes) keeps its
+    episode. (Without the passes this server closes it: "1011: keepalive ping timeout".)"""
+    from openenv_gym import runtime
+    from openenv_gym.adapters.openenv import OpenEnvAdapter
+
+    assert not OpenEnvAdapter(source=str(ENVS / "openenv_grid_env")).caller_thread  # a launched server: runtime loop
+    # A pass a second, against uvicorn's default ping timeout of 20 s; here both scaled down ten-fold.
+    assert OpenEnvAdapter.idle_pass == 1.0
+    monkeypatch.setattr(OpenEnvAdapter, "idle_pass", 0.1)
+    server = Uvicorn("openenv_grid_env", args=("--ws-ping-interval", "0.2", "--ws-ping-timeout", "2")).wait()
+    env = gym.make("openenv/OpenEnv-v0", url=server.url)
+    try:
+        env.reset(seed=0)
+        own = env.unwrapped.runner.loop
+        assert own is not runtime.get_loop() and not own.is_running()
+        assert "x: 1" in env.step(call("step", move="RIGHT"))[0][0]["content"]
+        time.sleep(3)  # fifteen of the server's ping intervals without a call
+        assert "x: 2" in env.step(call("step", move="RIGHT"))[0][0]["content"]  # the same episode
+    finally:
+        env.close()
         server.stop()
 
 
