@@ -121,7 +121,7 @@ def test_the_toy_backend_plays_through_gym_make(toy):
         env.close()
 
 
-@pytest.mark.parametrize("backend", ["concurrent", "ray"])
+@pytest.mark.parametrize("backend", ["concurrent", pytest.param("ray", marks=pytest.mark.ray)])
 def test_the_toy_backend_plays_through_make_vec(toy, backend):
     options = {"num_actors": 2, "runtime_env": {"env_vars": {"PYTHONPATH": str(toy)}}} if backend == "ray" else {}
     if backend == "ray":

@@ -675,7 +675,7 @@ def test_openenv_import_of_arithmetic_gives_the_same_rewards(tmp_path):
 
 # -- vector envs -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["concurrent", "ray"])
+@pytest.mark.parametrize("backend", ["concurrent", pytest.param("ray", marks=pytest.mark.ray)])
 def test_vector_env_isolates_a_failing_sub_env(servers, backend):
     options = {"num_actors": 1} if backend == "ray" else {"envs_per_client": 2}
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, url=servers["grid"].url, backend=backend,

@@ -75,6 +75,7 @@ def test_an_id_imported_isolated_is_served_from_its_host(tmp_path):
         assert served.stop() == 0
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_ray_backend_runs_the_sessions_in_ray_actors(serve_process):
     pytest.importorskip("ray")

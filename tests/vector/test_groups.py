@@ -164,6 +164,7 @@ def test_group_size_is_checked_before_anything_starts():
         envs.close()
 
 
+@pytest.mark.ray
 def test_groups_on_the_ray_backend():
     pytest.importorskip("ray")
     envs = gym.make_vec(ARITH, num_envs=4, group_size=2, backend="ray", autoreset_mode=AutoresetMode.SAME_STEP,

@@ -32,6 +32,8 @@ from openenv_gym.vector import ConcurrentVectorEnv  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from conftest import pid_alive  # noqa: E402
 
+pytestmark = pytest.mark.ray  # local Ray clusters, seconds each: their own CI step (-m ray)
+
 ARITH = "openenv/Arithmetic-v0"
 # No usage stats, no auth token file in $HOME, and loopback only: on Linux Ray binds its head to
 # the machine's own IP unless it thinks it is a single-machine (Windows/macOS-style) cluster.

@@ -70,6 +70,7 @@ def test_text_tool_calls_and_whole_conversations_per_sub_env(tmp_path):
         env.close()
 
 
+@pytest.mark.ray
 def test_wrappers_run_inside_the_ray_actors(tmp_path):
     pytest.importorskip("ray")
     path = tmp_path / "ray.jsonl"

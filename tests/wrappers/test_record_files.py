@@ -109,7 +109,7 @@ def vector_kwargs(backend: str) -> dict:
     return {}
 
 
-@pytest.mark.parametrize("backend", ["concurrent", "hosts", "ray"])
+@pytest.mark.parametrize("backend", ["concurrent", "hosts", pytest.param("ray", marks=pytest.mark.ray)])
 def test_sub_envs_recording_to_one_path_lose_no_episode(tmp_path, backend):
     """16 sub-envs, each episode one wrong submission, 12 rounds: 192 records, rotated by size."""
     path, n, rounds, max_bytes = tmp_path / "episodes.jsonl", 16, 12, 6_000
