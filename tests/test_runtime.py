@@ -507,8 +507,9 @@ def test_daemon_executor_runs_calls_as_a_thread_pool_does():
 @pytest.mark.parametrize("kind", ["executor", "worker"])
 def test_a_thread_lets_go_of_a_call_before_the_caller_wakes(kind):
     """An env closed through a thread's call and dropped at once (``gc.collect()`` right after,
-    which holds the GIL) must be collectable: the thread holds neither the call's function, its
-    arguments nor its result when the future wakes the caller (its done callbacks run then)."""
+    which holds the GIL) must be collectable: the thread holds neither the call's function nor its
+    arguments when the future wakes the caller (its done callbacks run then), and nothing of the
+    result once the call is over."""
     class Job:
         def __call__(self, arg: object) -> object:
             gate.wait(10)
@@ -536,6 +537,7 @@ def test_a_thread_lets_go_of_a_call_before_the_caller_wakes(kind):
     gate.set()
     result = future.result(timeout=10)
     assert held == [(None, None)]
+    pool.submit(lambda: None).result(timeout=10)  # one thread: the first call is wholly over
     result_ref = weakref.ref(result)
     del result, future
     assert result_ref() is None  # the thread kept no reference to the result either

@@ -164,20 +164,19 @@ def _called(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _run_call(call: _Call) -> None:
     """One queued call, its outcome into its future (none if the future was cancelled first).
 
-    The thread lets go of the call (its function, arguments and result) before the future wakes
-    the caller: a caller that closes an env and drops it right after (``gc.collect()`` holding the
-    GIL) finds nothing of it still held by this thread.
+    The thread lets go of the call's function and arguments before the future wakes the caller:
+    a caller that closes an env and drops it right after (``gc.collect()`` holding the GIL) finds
+    nothing of it still held by this thread. (The result is the caller's own.)
     """
     future, fn, args, kwargs = call
     call.clear()
     if not future.set_running_or_notify_cancel():
         return
-    outcome: list[Any] = []
     try:
-        outcome.append(fn(*args, **kwargs))
+        result = fn(*args, **kwargs)
     except BaseException as exc:  # handed to the caller, whatever it is
         del fn, args, kwargs
         future.set_exception(exc)
-    else:
-        del fn, args, kwargs
-        future.set_result(outcome.pop())
+        return
+    del fn, args, kwargs
+    future.set_result(result)
