@@ -190,12 +190,10 @@ def _llama3(text: str) -> tuple[list[tuple[str, Any, str | None]], str | None] |
         try:
             return _objects(_json_values(stripped, "the JSON text"), "the JSON text"), None
         except _Bad:
-            if not tagged:
-                if _LLAMA_ATTEMPT.match(stripped):
-                    raise
-                return None  # a JSON answer, not a call
+            if not tagged and _LLAMA_ATTEMPT.match(stripped):
+                raise
     if not tagged:
-        return None
+        return None  # no calls (a JSON answer that is not a call among them)
     before, _, body = body.partition(PYTHON_TAG)
     return _objects(_json_values(body, "the <|python_tag|> text"), "the <|python_tag|> text"), _outside([before])
 
