@@ -162,7 +162,9 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
 
         Args:
             seed: reseeds ``np_random``, from which the task index is drawn: the same seed gives
-                the same task.
+                the same task (in a split that never ends, ``num_tasks`` being
+                :data:`~openenv_gym.wire.UNBOUNDED_TASKS`: task ``seed``, then the next at each
+                unseeded reset).
             options: ``split`` (default: the env's split), ``index`` (a task index of that split;
                 overrides the seeded draw), or ``task`` (an explicit task spec of plain JSON, for
                 backends that accept one).
@@ -186,7 +188,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         with self._one_caller("reset"):
             self._check_open()
             gym.Env.reset(self, seed=seed)
-            obs, info = self.runner.reset(self.np_random, options, self.step_timeout)
+            obs, info = self.runner.reset(self.np_random, options, self.step_timeout, seed)
             self.action_space.tools = list(self.runner.tools)
             return obs, info
 
@@ -236,7 +238,7 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
         """:meth:`reset` as a coroutine, from any event loop."""
         self._check_open()
         gym.Env.reset(self, seed=seed)
-        obs, info = await self.runner.areset(self.np_random, options, self.step_timeout)
+        obs, info = await self.runner.areset(self.np_random, options, self.step_timeout, seed)
         self.action_space.tools = list(self.runner.tools)
         return obs, info
 

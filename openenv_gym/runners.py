@@ -48,8 +48,9 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     def reset(self, rng: np.random.Generator, options: dict[str, Any] | None,
-              timeout: float | None) -> tuple[list[Message], dict[str, Any]]:
-        """Start an episode; the task index, unless ``options`` names one, is drawn from ``rng``."""
+              timeout: float | None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode; the task index, unless ``options`` names one, is drawn from ``rng``
+        (in an endless split: task ``seed`` when the env was just seeded, else the next one)."""
 
     @abc.abstractmethod
     def step(self, action: Any, timeout: float | None) -> StepResult:
@@ -72,9 +73,9 @@ class Runner(abc.ABC):
         """:meth:`close` without waiting, from any thread (for ``__del__``)."""
 
     async def areset(self, rng: np.random.Generator, options: dict[str, Any] | None,
-                     timeout: float | None) -> tuple[list[Message], dict[str, Any]]:
+                     timeout: float | None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         """:meth:`reset` from any event loop (by default on a worker thread)."""
-        return await asyncio.to_thread(self.reset, rng, options, timeout)
+        return await asyncio.to_thread(self.reset, rng, options, timeout, seed)
 
     async def astep(self, action: Any, timeout: float | None) -> StepResult:
         """:meth:`step` from any event loop (by default on a worker thread)."""
@@ -124,8 +125,10 @@ class SessionRunner(Runner):
         return tools
 
     def reset(self, rng: np.random.Generator, options: dict[str, Any] | None,
-              timeout: float | None) -> tuple[list[Message], dict[str, Any]]:
+              timeout: float | None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         self.session.np_random = rng  # task choice draws from the env's own rng
+        if seed is not None:
+            self.session.cursor.seed(seed)
         return self._run(self.session.reset(None, options), timeout, what="reset")
 
     def step(self, action: Any, timeout: float | None) -> StepResult:
@@ -138,10 +141,12 @@ class SessionRunner(Runner):
         self.session.check_steppable()
 
     async def areset(self, rng: np.random.Generator, options: dict[str, Any] | None,
-                     timeout: float | None) -> tuple[list[Message], dict[str, Any]]:
+                     timeout: float | None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         if self._own is not None:  # a loop of its own, which this thread's loop cannot drive
-            return await super().areset(rng, options, timeout)
+            return await super().areset(rng, options, timeout, seed)
         self.session.np_random = rng
+        if seed is not None:
+            self.session.cursor.seed(seed)
         return await runtime.on_runtime(runtime.within(self.session.reset(None, options), timeout, "reset"))
 
     async def astep(self, action: Any, timeout: float | None) -> StepResult:

@@ -14,6 +14,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from gymnasium.utils import seeding
 
 from openenv_gym.actions import Turn, parse_action
@@ -25,9 +26,10 @@ from openenv_gym.errors import (
     EpisodeNotStarted,
     TaskNotFound,
 )
-from openenv_gym.wire import Message, TaskRef, ToolSpec, to_plain_json
+from openenv_gym.wire import UNBOUNDED_TASKS, Message, TaskRef, ToolSpec, to_plain_json
 
-__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "check_steppable"]
+__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "TaskCursor", "check_steppable",
+           "pick_index"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
 
@@ -98,6 +100,34 @@ def check_steppable(started: bool, done: bool, interrupted: bool) -> None:
         )
 
 
+class TaskCursor:
+    """Which task an env plays next in a split that never ends (:data:`~openenv_gym.wire.UNBOUNDED_TASKS`).
+
+    A seed cannot pick uniformly among endless tasks, and an endless taskset is often a generator
+    whose task ``k`` costs ``k`` draws, so the choice is a walk: a reset with seed ``k`` plays task
+    ``k``, each later one the task ``stride`` further. A vector env gives sub-env ``i`` of ``n``
+    the start ``i`` and the stride ``n``, so its sub-envs play every task once between them, as
+    they do after ``reset(seed=s)`` (sub-env ``i`` seeded ``s + i``).
+    """
+
+    def __init__(self, start: int = 0, stride: int = 1):
+        self.next = start
+        self.stride = max(1, stride)
+
+    def seed(self, seed: int) -> None:
+        self.next = int(seed) % UNBOUNDED_TASKS
+
+    def take(self) -> int:
+        index = self.next
+        self.next = (index + self.stride) % UNBOUNDED_TASKS
+        return index
+
+
+def pick_index(n: int, rng: np.random.Generator, cursor: TaskCursor) -> int:
+    """The task an unspecified reset plays in a split of ``n`` tasks: drawn from ``rng``, or the cursor's in an endless split."""
+    return cursor.take() if n == UNBOUNDED_TASKS else int(rng.integers(n))
+
+
 class EnvSession:
     """The episode state of one env: its rng, its running episode, its turn count.
 
@@ -114,6 +144,8 @@ class EnvSession:
         self.split = split
         self.max_turns = max_turns
         self.np_random, _ = seeding.np_random()
+        self.cursor = TaskCursor()
+        """Where an unspecified reset goes in an endless split (a vector env sets its start and stride)."""
         self.episode: Episode | None = None
         self.done = False
         self.interrupted = False
@@ -123,8 +155,10 @@ class EnvSession:
         self.last_messages: list[Message] = []
 
     def seed(self, seed: int | None) -> None:
-        """Reseed the task-choice rng, as ``gymnasium.Env.reset(seed=...)`` does."""
+        """Reseed the task-choice rng, as ``gymnasium.Env.reset(seed=...)`` does (and, in an endless split, go to task ``seed``)."""
         self.np_random, _ = seeding.np_random(seed)
+        if seed is not None:
+            self.cursor.seed(seed)
 
     async def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         """End the running episode, pick a task and start a new episode.
@@ -146,7 +180,7 @@ class EnvSession:
                 raise TaskNotFound(f"split {split!r} has no tasks")
             index = options.get("index")
             if index is None:
-                index = int(self.np_random.integers(n))
+                index = pick_index(n, self.np_random, self.cursor)
             elif not 0 <= int(index) < n:
                 raise TaskNotFound(f"index {index} is outside split {split!r} (0..{n - 1})")
             ref = TaskRef(split=split, index=int(index))

@@ -52,7 +52,14 @@ __all__ = [
     "loads_plain_json",
     "unicode_problem",
     "clip",
+    "UNBOUNDED_TASKS",
 ]
+
+UNBOUNDED_TASKS = 2**31 - 1
+"""``num_tasks`` of a split that never ends (an infinite Verifiers taskset, an OpenEnv server
+without a task API): every index from 0 up is a task. In such a split ``reset(seed=k)`` plays
+task ``k`` and each later reset without a seed the next one (a vector env's sub-envs step by
+``num_envs``, so together they play every task once); ``options={"index": k}`` plays task ``k``."""
 
 Message = dict[str, Any]
 """An OpenAI chat message: ``role`` (system/user/assistant/tool), ``content`` (text or parts)."""

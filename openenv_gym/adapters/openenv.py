@@ -70,7 +70,7 @@ from openenv_gym.adapters.openenv_transport import (
     split_url,
 )
 from openenv_gym.errors import BackendError, BackendUnavailable, ConfigurationError, ServerError
-from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec, json_encode
+from openenv_gym.wire import UNBOUNDED_TASKS, Message, Opening, Outcome, Split, TaskRef, ToolSpec, json_encode
 
 __all__ = ["OpenEnvAdapter", "OpenEnvEpisode", "observation_content", "tool_result_content",
            "DEFAULT_SPLIT", "SEEDS", "DEFAULT_MAX_CONCURRENT_ENVS"]
@@ -78,8 +78,8 @@ __all__ = ["OpenEnvAdapter", "OpenEnvEpisode", "observation_content", "tool_resu
 DEFAULT_SPLIT = "default"
 """The one split of a server without the task API."""
 
-SEEDS = 2**31 - 1
-"""Tasks in :data:`DEFAULT_SPLIT`: task ``i`` is the server's ``reset(seed=i)``."""
+SEEDS = UNBOUNDED_TASKS
+"""Tasks in :data:`DEFAULT_SPLIT` (unbounded): task ``i`` is the server's ``reset(seed=i)``."""
 
 DEFAULT_MAX_CONCURRENT_ENVS = 256
 """``MAX_CONCURRENT_ENVS`` of each process of a launched ``source`` unless ``max_concurrent_envs``

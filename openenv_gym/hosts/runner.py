@@ -40,7 +40,7 @@ from openenv_gym.errors import BackendTimeout, EpisodeInterrupted, HostDied, fro
 from openenv_gym.hosts.blocking import BlockingHost
 from openenv_gym.hosts.protocol import Kind
 from openenv_gym.runners import Runner
-from openenv_gym.session import StepResult, check_steppable
+from openenv_gym.session import StepResult, TaskCursor, check_steppable, pick_index
 from openenv_gym.shard.handle import PING_TIMEOUT
 from openenv_gym.shard.ops import Op, OpKind, Result, decode_results, encode_ops
 from openenv_gym.shard.shard import ShardConfig, decode_tools
@@ -71,6 +71,7 @@ class HostRunner(Runner):
         self._start_timeout: float | None = None
         self._req = 0
         self._counts: dict[str | None, int] = {}
+        self._cursor = TaskCursor()  # the task walk of an endless split, kept here as the draw is
 
     def _new_host(self) -> BlockingHost:
         spec = self.adapter_spec
@@ -154,15 +155,17 @@ class HostRunner(Runner):
         return result
 
     def reset(self, rng: np.random.Generator, options: dict[str, Any] | None,
-              timeout: float | None) -> tuple[list[Message], dict[str, Any]]:
+              timeout: float | None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
         self.started, self.lost, self.interrupted = True, None, False
+        if seed is not None:
+            self._cursor.seed(seed)
         self.done = True  # until the reset succeeds
         if options is None or (isinstance(options, dict) and set(options) <= {"split"}):
             split = (options or {}).get("split")  # else the host checks the options, or no draw
             if split not in self._counts:
                 self._counts[split] = self.task_api("num_tasks", (split,), timeout)
             if self._counts[split] > 0:
-                options = {**(options or {}), "index": int(rng.integers(self._counts[split]))}
+                options = {**(options or {}), "index": pick_index(self._counts[split], rng, self._cursor)}
         self._req += 1
         result = self._run(Op(0, self._req, OpKind.RESET, options=options), "reset", timeout)
         self.done = False

@@ -36,7 +36,7 @@ from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.processes import ensure_open_files
 from openenv_gym.runtime import Deadlines
-from openenv_gym.session import EnvSession
+from openenv_gym.session import EnvSession, TaskCursor
 from openenv_gym.shard.ops import (
     Op,
     OpKind,
@@ -83,6 +83,8 @@ class ShardConfig(msgspec.Struct, kw_only=True):
     entry: str
     adapter_kwargs: dict[str, Any]
     env_ids: list[int]
+    num_envs: int = 0
+    """The vector env's sub-env count (``0``: one env): the stride of its sub-envs in an endless split."""
     split: str | None = None
     max_turns: int | None = None
     envs_per_client: int = 8
@@ -167,7 +169,10 @@ class Shard:
 
     def _new_session(self, local_index: int) -> EnvSession:
         adapter = self._adapters[local_index % len(self._adapters)]
-        return EnvSession(adapter, split=self.config.split, max_turns=self.config.max_turns)
+        session = EnvSession(adapter, split=self.config.split, max_turns=self.config.max_turns)
+        # Sub-env i of n walks an endless split from task i in steps of n: together they play every task once.
+        session.cursor = TaskCursor(self.config.env_ids[local_index], self.config.num_envs or 1)
+        return session
 
     async def start(self) -> list[ToolSpec]:
         """Build and start the adapters and sessions; the tools every task offers."""
@@ -258,7 +263,7 @@ class Shard:
         """A fresh session for ``env_id`` (its previous request failed); the old one is closed,
         within ``step_timeout`` (its backend is the thing that failed)."""
         new = self._new_session(self._local[env_id])
-        new.np_random = old.np_random  # a recreated sub-env keeps its seeded task stream
+        new.np_random, new.cursor = old.np_random, old.cursor  # a recreated sub-env keeps its seeded task stream
         self._sessions[env_id] = new
         try:
             await self._deadlines.within(old.aclose(), self._step_timeout, "closing the failed session")

@@ -59,7 +59,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         num_envs = check_num_envs(num_envs)
         autoreset_mode = AutoresetMode(autoreset_mode)  # fail before any server or client starts
         wrappers = check_wrappers(env_wrappers)
-        config = ShardConfig(entry=adapter.entry, adapter_kwargs=dict(adapter.kwargs), env_ids=list(range(num_envs)),
+        config = ShardConfig(entry=adapter.entry, adapter_kwargs=dict(adapter.kwargs), env_ids=list(range(num_envs)), num_envs=num_envs,
                              split=split, max_turns=max_turns, envs_per_client=envs_per_client,
                              step_timeout=step_timeout, max_in_flight=max_in_flight, env_wrappers=wrappers)
         self.shard = Shard(config)

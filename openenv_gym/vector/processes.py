@@ -87,6 +87,7 @@ class ProcessVectorEnv(RedactedSpec, AgentVectorEnv):
 
         def new_handle(k: int, replaced: bool) -> ProcessHandle:
             config = ShardConfig(entry=adapter.entry, adapter_kwargs=dict(adapter.kwargs), env_ids=layout[k],
+                                 num_envs=num_envs,
                                  split=split, max_turns=max_turns, envs_per_client=envs_per_client,
                                  step_timeout=step_timeout, max_in_flight=max_in_flight, replaced=replaced,
                                  env_wrappers=wrappers)
