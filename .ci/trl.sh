@@ -22,8 +22,9 @@ if [[ "$phase" != run ]]; then
   python3 -m venv .venv-trl
   torch=(torch==2.13.0)
   if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch+=(--index-url "$TORCH_INDEX_URL"); fi
-  .venv-trl/bin/pip install -q "${torch[@]}"
-  .venv-trl/bin/pip install -q -e '.[ors,verifiers,trl,dev]'
+  pins=openenv_gym/constraints/py3.11.txt  # the tested set (.ci/pins.py)
+  .venv-trl/bin/pip install -q -c "$pins" "${torch[@]}"
+  .venv-trl/bin/pip install -q -c "$pins" -e '.[ors,verifiers,trl,dev]'
 fi
 [[ "$phase" != install ]] || exit 0
 .venv-trl/bin/python -c "import importlib.metadata as m, torch; print(*(f'{p} {m.version(p)}' for p in ('torch', 'trl', 'transformers', 'verifiers')), 'CUDA build' if torch.version.cuda else 'CPU build', sep=', ')"

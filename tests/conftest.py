@@ -50,6 +50,14 @@ _SESSION_DIR = tempfile.mkdtemp(prefix="openenv-gym-test-")
 os.environ["OPENENV_GYM_CATALOG"] = os.path.join(_SESSION_DIR, "catalog.json")
 os.environ["OPENENV_GYM_CACHE"] = os.path.join(_SESSION_DIR, "cache")  # nor read or write the user's discovery cache
 atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)  # tests leave no temp dir behind
+# uv (the Verifiers v1 harness programs' environments, isolated venvs) resolves into an empty cache
+# of the session's own, so a machine that ran the suite before sees what a new one sees: uv keeps
+# a harness environment it built once, whatever the registry serves later. The first process
+# makes it and its xdist workers inherit it (one download per session); the first removes it.
+if "OPENENV_GYM_TEST_UV_CACHE" not in os.environ:
+    os.environ["OPENENV_GYM_TEST_UV_CACHE"] = tempfile.mkdtemp(prefix="openenv-gym-uv-cache-")
+    atexit.register(shutil.rmtree, os.environ["OPENENV_GYM_TEST_UV_CACHE"], ignore_errors=True)
+os.environ["UV_CACHE_DIR"] = os.environ["OPENENV_GYM_TEST_UV_CACHE"]
 
 
 def free_port() -> int:

@@ -55,12 +55,15 @@ Things a user must know (also in the class docstring):
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import sys
+import threading
 import time
 import typing
 import weakref
@@ -83,7 +86,9 @@ from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
 from openenv_gym.adapters.verifiers_v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound
 from openenv_gym.importers.verifiers import resolve_source
-from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
+from openenv_gym.pins import script_env
+from openenv_gym.tracebacks import summarize
+from openenv_gym.wire import UNBOUNDED_TASKS, Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
 __all__ = ["VerifiersV1Adapter", "VerifiersV1Episode", "check_source_compat"]
 
@@ -147,7 +152,10 @@ class VerifiersV1Adapter(Adapter):
         runtime: ``"subprocess"`` (default; the harness runs as a child process of this one),
             ``"docker"``, a dict ``{"type": ...}`` or a verifiers ``RuntimeConfig``.
         model: the model name the library records on traces.
-        max_tasks: read at most this many tasks per split (required for infinite tasksets).
+        max_tasks: read at most this many tasks per split. An infinite (``INFINITE``) taskset plays
+            without it: ``num_tasks`` is :data:`~openenv_gym.wire.UNBOUNDED_TASKS`, task ``k``
+            is the ``k``-th the taskset yields (read as far as asked, up to :data:`ENDLESS_READ`),
+            and ``reset(seed=k)`` plays task ``k``.
         transport: ``"auto"`` (``"inject"`` when the private ``InterceptionServer._client`` hook
             exists, else ``"http"``), ``"inject"`` or ``"http"``: see the module docstring.
         bad_arguments: tool calls whose arguments are not a JSON object: ``"forward"`` (default)
@@ -368,10 +376,11 @@ class VerifiersV1Adapter(Adapter):
         from verifiers.v1.configs.agent import TimeoutConfig
 
         try:
+            runtime = _runtime_config(vf, self.runtime_spec)
             return vf.AgentConfig(
                 model=self.model,
-                harness=harness,
-                runtime=_runtime_config(vf, self.runtime_spec),
+                harness=_held_to_pins(harness, local=isinstance(runtime, vf.SubprocessConfig)),
+                runtime=runtime,
                 max_turns=self.max_turns,
                 timeout=TimeoutConfig(**self.timeouts),
             )
@@ -381,14 +390,16 @@ class VerifiersV1Adapter(Adapter):
             raise ConfigurationError(f"invalid agent settings for {self.env_id!r}: {exc}") from exc
 
     def _materialize(self, split: str) -> list[Any]:
+        """The split's tasks, read whole; an endless taskset's only as far as asked (:meth:`_SplitTasks.upto`)."""
         entry = self._splits_tasks[split]
         if entry.tasks is None:
             ts = entry.taskset
             if self.max_tasks is not None:
                 ts = ts.take(self.max_tasks) if hasattr(ts, "take") else ts.head(self.max_tasks)
-            elif getattr(ts, "INFINITE", False) and not getattr(ts, "bounded", False):
-                raise ConfigurationError(
-                    f"taskset {self.env_id!r} is infinite; pass max_tasks= to read a finite prefix")
+            elif entry.endless:
+                entry.start(ts)
+                entry.upto(0, self.env_id, split)  # its first task: a load() that fails says so now
+                return entry.tasks or []
             try:
                 entry.tasks = list(ts)
             except ConfigurationError:
@@ -409,7 +420,8 @@ class VerifiersV1Adapter(Adapter):
                 for n in self._split_names]
 
     async def _fetch_num_tasks(self, split: str) -> int:
-        return len(await self._tasks(split))
+        tasks = await self._tasks(split)
+        return UNBOUNDED_TASKS if self._splits_tasks[split].endless and self.max_tasks is None else len(tasks)
 
     async def _tasks(self, split: str) -> list[Any]:
         if split not in self._splits_tasks:
@@ -421,6 +433,11 @@ class VerifiersV1Adapter(Adapter):
     async def task_object(self, split: str, index: int) -> Any:
         """The library's ``vf.Task`` at ``index`` of ``split``."""
         tasks = await self._tasks(split)
+        entry = self._splits_tasks[split]
+        if entry.endless and self.max_tasks is None:
+            if index < len(tasks):
+                return tasks[index]
+            return await asyncio.to_thread(entry.upto, index, self.env_id, split)
         if not 0 <= index < len(tasks):
             raise TaskNotFound(f"index {index} is outside split {split!r} (0..{len(tasks) - 1})")
         return tasks[index]
@@ -498,7 +515,7 @@ class VerifiersV1Episode(Episode):
                 await self.aclose()
             error = error or self._error(trace)
             what = f"{error['type']}: {error['message']}" if error else f"stop condition {trace.stop_condition!r}"
-            raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call ({what})")
+            raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call: {what}")
         if adapter.rollout_tools:  # its tool servers are up and their ports read by now
             await asyncio.to_thread(PORT_FILES.note)
         messages = list(call.body.get("messages") or [])
@@ -617,7 +634,7 @@ class VerifiersV1Episode(Episode):
         if not errors or getattr(trace, "ok", True):
             return None
         last = errors[-1]
-        return {"type": getattr(last, "type", "Error"), "message": getattr(last, "message", str(last))}
+        return {"type": getattr(last, "type", "Error"), "message": _whole(str(getattr(last, "message", last)))}
 
     def _finish(self, messages: list[Message]) -> Outcome:
         self.finished = True
@@ -649,12 +666,45 @@ class VerifiersV1Episode(Episode):
 
 # -- helpers ---------------------------------------------------------------------------------------
 
+ENDLESS_READ = 1_000_000
+"""How far into an endless (``INFINITE``) taskset a task index may reach: task ``k`` of a generator
+costs ``k`` draws and is kept once read, so an index past this is a ``TaskNotFound`` that says so
+(``max_tasks=`` reads a finite prefix instead)."""
+
+
 class _SplitTasks:
-    """One split's taskset and its materialized tasks."""
+    """One split's taskset and its tasks: all of them, or of an endless taskset those read so far."""
 
     def __init__(self, taskset: Any):
         self.taskset = taskset
         self.tasks: list[Any] | None = None
+        self.endless = bool(getattr(taskset, "INFINITE", False)) and not getattr(taskset, "bounded", False)
+        self._source: Any = None
+        self._lock = threading.Lock()
+
+    def start(self, taskset: Any) -> None:
+        """Read an endless taskset lazily from now on (``tasks`` grows as indices are asked for)."""
+        self.tasks, self._source = [], iter(taskset)
+
+    def upto(self, index: int, env_id: str, split: str) -> Any:
+        """Task ``index`` of an endless taskset, reading the generator up to it (in a worker thread)."""
+        if not 0 <= index < ENDLESS_READ:
+            raise TaskNotFound(f"index {index} of the endless taskset {env_id!r} is past ENDLESS_READ={ENDLESS_READ:,} "
+                               "(task k costs k draws of its generator); use a smaller seed or index, or max_tasks=")
+        with self._lock:  # sub-envs of a vector env ask at once; the generator is read by one
+            assert self.tasks is not None
+            try:
+                while len(self.tasks) <= index:
+                    self.tasks.append(next(self._source))
+            except StopIteration:
+                raise TaskNotFound(f"the taskset {env_id!r} (split {split!r}) declares INFINITE but ended "
+                                   f"after {len(self.tasks)} tasks") from None
+            except ConfigurationError:
+                raise
+            except Exception as exc:
+                raise ServerError(f"loading the tasks of {env_id!r} (split {split!r}) failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            return self.tasks[index]
 
 
 def _tool_specs(raw: Any) -> list[ToolSpec]:
@@ -726,6 +776,49 @@ def _runtime_config(vf: Any, runtime: Any) -> Any:
     if isinstance(runtime, dict):
         return vf.AgentConfig.model_validate({"runtime": runtime}).runtime
     return runtime  # a RuntimeConfig instance
+
+
+LIBRARY_TAIL = 2000
+"""Characters of a failed program's output the library keeps in its error (``Harness._check_result``)."""
+
+_PROGRAM_FAILURE = re.compile(r"^(harness .+? exited -?\d+|runtime died under harness .+? \(exit -?\d+\)"
+                              r"|failed to prepare uv script): (.*)$", re.DOTALL)
+
+
+def _whole(message: str) -> str:
+    """A trace error's message with its program's cause first and only whole lines of its output.
+
+    The library keeps the last :data:`LIBRARY_TAIL` characters of a failed harness program's
+    output, cut mid-line, with exit-time noise after the real exception: the cause is read out of
+    it (:func:`openenv_gym.tracebacks.summarize`) and leads.
+    """
+    m = _PROGRAM_FAILURE.match(message)
+    if m is None:
+        return message
+    return summarize(m[1], m[2], cut=len(m[2]) >= LIBRARY_TAIL)
+
+
+def _held_to_pins(harness: dict[str, Any], local: bool) -> dict[str, Any]:
+    """A built-in harness's config with the tested set's resolution settings in its program's env.
+
+    The library's own harness programs (``null``, ``bash``, ...) are PEP 723 scripts with unpinned
+    dependencies that ``uv sync --script`` resolves on first use: :func:`openenv_gym.pins.script_env`
+    dates that resolution to the tested set. ``HarnessConfig.env`` is the library's public way in
+    (the runtime passes it to the ``uv`` command and the program); what the user's config sets
+    there wins. A harness a taskset ships pins its own script, so it is left as it is. Off the
+    host (``local=False``) the constraints file's path means nothing, so only the date goes.
+    """
+    ident = str(harness.get("id", "")).replace("-", "_")
+    try:
+        builtin = importlib.util.find_spec(f"verifiers.v1.harnesses.{ident}") is not None
+    except (ImportError, ValueError):
+        builtin = False
+    pins = script_env() if builtin else {}
+    if not local:
+        pins.pop("PIP_CONSTRAINT", None)
+    if not pins:
+        return harness
+    return {**harness, "env": {**pins, **dict(harness.get("env") or {})}}
 
 
 def _uv_dir() -> str | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.isolation.paths import venvs_dir
+from openenv_gym.pins import CONSTRAINTS_VAR, constraints_for, requirement_name
 
 try:
     import fcntl
@@ -46,18 +47,7 @@ BUILD_TIMEOUT = 1800.0
 """Seconds a venv build may take (downloads included) before it is a typed error."""
 
 _FORMAT = 1  # bump when the venv layout changes: old venvs are then rebuilt, not reused
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
-
-
-def canonical(name: str) -> str:
-    """A distribution name as PEP 503 compares them (``Ors_SDK`` is ``ors-sdk``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _name_of(requirement: str) -> str | None:
-    m = _NAME.match(requirement)
-    return canonical(m[1]) if m else None
 
 
 def _extra(extra: str) -> list[str]:
@@ -82,10 +72,10 @@ def _sdk_requirements(kind: str, sdk: str | None) -> list[str]:
     """The SDK an adapter of ``kind`` needs in the host's venv (``sdk`` picks among several)."""
     if kind == "ors":  # the SDK the source is written against, not the other one
         other = {"ors": "openreward", "openreward": "ors-sdk"}.get(sdk or "")
-        return [r for r in _extra("ors") if _name_of(r) != other]
+        return [r for r in _extra("ors") if requirement_name(r) != other]
     if kind == "verifiers":
         if sdk == "v0":  # the legacy API left verifiers in 0.4
-            return ["verifiers>=0.3.1,<0.4", *[r for r in _extra("verifiers") if _name_of(r) != "verifiers"]]
+            return ["verifiers>=0.3.1,<0.4", *[r for r in _extra("verifiers") if requirement_name(r) != "verifiers"]]
         return _extra("verifiers")
     if kind in ("fleet", "openenv"):
         return _extra(kind)
@@ -191,9 +181,9 @@ def requirements_for(kind: str, source: str | os.PathLike[str] | None, sdk: str 
     ``verifiers`` would otherwise resolve to 0.4, which has no v0 API.
     """
     own = [*source_requirements(source), *extra]
-    named = {_name_of(r) for r in own if not r.startswith("-")}
+    named = {requirement_name(r) for r in own if not r.startswith("-")}
     sdk_reqs = [r for r in _sdk_requirements(kind, sdk)
-                if _name_of(r) not in named or (kind == "verifiers" and sdk == "v0" and _name_of(r) == "verifiers")]
+                if requirement_name(r) not in named or (kind == "verifiers" and sdk == "v0" and requirement_name(r) == "verifiers")]
     seen: dict[str, None] = {}
     for r in [*own, *sdk_reqs, this_package()]:
         seen.setdefault(r, None)
@@ -217,9 +207,10 @@ def _interpreter(python: str | None) -> str:
     return python or sys.executable
 
 
-def _key(requirements: Sequence[str], python: str | None) -> str:
+def _key(requirements: Sequence[str], python: str | None, constraints: str | None) -> str:
     version = python or f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
-    blob = json.dumps({"format": _FORMAT, "python": version, "requirements": sorted(requirements)})
+    blob = json.dumps({"format": _FORMAT, "python": version, "requirements": sorted(requirements),
+                       "constraints": constraints})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -239,7 +230,7 @@ def _lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _run(cmd: list[str], log: Path, env: dict[str, str], deadline: float) -> None:
+def _run(cmd: list[str], log: Path, env: dict[str, str], deadline: float, hint: str = "") -> None:
     import time
 
     with open(log, "ab") as out:
@@ -252,7 +243,7 @@ def _run(cmd: list[str], log: Path, env: dict[str, str], deadline: float) -> Non
             raise ConfigurationError(f"building the venv took longer than {BUILD_TIMEOUT:.0f} s; see {log}") from None
     if done.returncode:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        raise ConfigurationError(f"building the venv failed (uv exited with {done.returncode}); the end of {log}:\n"
+        raise ConfigurationError(f"building the venv failed (uv exited with {done.returncode}){hint}; the end of {log}:\n"
                                  + "\n".join(tail))
 
 
@@ -260,6 +251,8 @@ def ensure_venv(requirements: Sequence[str], python: str | None = None) -> Path:
     """The venv holding ``requirements`` (built now if not yet, minutes at most once); its folder.
 
     ``python`` is a version (``"3.12"``) or an interpreter path; default: this interpreter.
+    The resolution is held to the tested versions (:func:`openenv_gym.pins.constraints_for`: the
+    requirements' own version pins win), which are part of the venv's hash: new pins, new venv.
     Raises :class:`~openenv_gym.errors.ConfigurationError` with the end of uv's log when the
     requirements cannot be resolved or installed (a conflict, a missing Python), or after
     :data:`BUILD_TIMEOUT`.
@@ -267,7 +260,8 @@ def ensure_venv(requirements: Sequence[str], python: str | None = None) -> Path:
     import time
 
     root = venvs_dir()
-    venv = root / _key(requirements, python)
+    constraints = constraints_for(requirements, python)
+    venv = root / _key(requirements, python, constraints)
     marker = venv / ".complete"
     if marker.is_file():
         return venv
@@ -285,13 +279,22 @@ def ensure_venv(requirements: Sequence[str], python: str | None = None) -> Path:
         _run([uv, "venv", "--quiet", "--python", _interpreter(python), str(venv)], log, env, deadline)
         listed = venv / "requirements.txt"
         listed.write_text("\n".join(requirements) + "\n")
+        install = [uv, "pip", "install", "--python", str(venv_python(venv)), "-r", str(listed)]
+        hint = ""
+        if constraints is not None:
+            pinned = venv / "constraints.txt"
+            pinned.write_text(constraints)
+            install += ["-c", str(pinned)]
+            hint = (f" under the tested versions ({pinned}; {CONSTRAINTS_VAR}=none resolves without them, "
+                    "or pin the package in the env's own requirements)")
         try:
-            _run([uv, "pip", "install", "--python", str(venv_python(venv)), "-r", str(listed)], log, env, deadline)
+            _run(install, log, env, deadline, hint)
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)
             raise
         shutil.move(str(log), venv / "build.log")
-        marker.write_text(json.dumps({"requirements": list(requirements), "python": python}) + "\n")
+        marker.write_text(json.dumps({"requirements": list(requirements), "python": python,
+                                      "constraints": constraints is not None}) + "\n")
     return venv
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from openenv_gym.adapters import verifiers_v1 as v1mod
-from openenv_gym.errors import ConfigurationError
+from openenv_gym.errors import ConfigurationError, TaskNotFound
 from openenv_gym.testing import procs
 
 try:
@@ -555,3 +555,119 @@ def test_the_http_policy_endpoint_answers_only_requests_with_its_key() -> None:
             await server.stop()
 
     asyncio.run(scenario())
+
+
+# -- endless tasksets ------------------------------------------------------------------------------
+
+ENDLESS = ENVS / "vf1_endless"
+
+
+def test_an_endless_taskset_plays_task_k_for_seed_k_without_max_tasks() -> None:
+    """``INFINITE = True`` (as color_codeword_v1 and kuhn_poker_v1 declare): no ``max_tasks=``
+    needed, ``num_tasks`` says unbounded, seed ``k`` and index ``k`` play task ``k``, and the
+    generator is read only as far as asked."""
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401 - registers openenv/Verifiers-v0
+    from openenv_gym.wire import UNBOUNDED_TASKS
+
+    with importable(ENVS):
+        import vf1_endless
+    env = gym.make("openenv/Verifiers-v0", source=str(ENDLESS))
+    try:
+        base = env.unwrapped
+        assert base.num_tasks("train") == UNBOUNDED_TASKS == 2**31 - 1
+        obs, info = env.reset(seed=5)
+        assert (info["index"], obs[-1]["content"]) == (5, vf1_endless.expected(5)[0])
+        obs, info = env.reset()  # the next task, unseeded
+        assert (info["index"], obs[-1]["content"]) == (6, vf1_endless.expected(6)[0])
+        obs, info = env.reset(options={"index": 40})
+        assert obs[-1]["content"] == vf1_endless.expected(40)[0] and info["task_id"] == "sum-40"
+        assert base.task("train", 12)["answer"] == vf1_endless.expected(12)[1]
+        _, reward, terminated, _, _ = env.step(vf1_endless.expected(40)[1])
+        assert (reward, terminated) == (1.0, True)
+        assert sys.modules["vf1_endless"].DRAWN[0] == 41  # the adapter's copy read to task 40, no further
+        with pytest.raises(TaskNotFound, match="ENDLESS_READ"):
+            env.reset(options={"index": v1mod.ENDLESS_READ})
+    finally:
+        env.close()
+    # max_tasks= still reads a finite prefix
+    env = gym.make("openenv/Verifiers-v0", source=str(ENDLESS), max_tasks=3)
+    try:
+        assert env.unwrapped.num_tasks("train") == 3
+        with pytest.raises(TaskNotFound):
+            env.reset(options={"index": 3})
+    finally:
+        env.close()
+
+
+def test_a_vector_env_plays_every_task_of_an_endless_taskset_once() -> None:
+    """Sub-env i of n walks the endless split from task seed + i in steps of n."""
+    import gymnasium as gym
+
+    import openenv_gym  # noqa: F401
+
+    envs = gym.make_vec("openenv/Verifiers-v0", num_envs=3, source=str(ENDLESS))
+    try:
+        played = []
+        _, infos = envs.reset(seed=10)
+        played += list(infos["index"])
+        for _ in range(2):
+            _, _, _, _, infos = envs.step(["0"] * 3)  # one answer ends each episode
+            _, infos = envs.reset()
+            played += list(infos["index"])
+        assert sorted(played) == list(range(10, 19))
+    finally:
+        envs.close()
+
+
+# -- the tested set ---------------------------------------------------------------------------------
+
+def test_a_builtin_harness_resolves_at_the_tested_date_and_the_users_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from openenv_gym import pins
+
+    monkeypatch.delenv(pins.CONSTRAINTS_VAR, raising=False)
+    monkeypatch.delenv("UV_EXCLUDE_NEWER", raising=False)
+    monkeypatch.delenv("PIP_CONSTRAINT", raising=False)
+    date = pins.active().exclude_newer
+    assert date, "the shipped constraints date the harness scripts"
+    held = v1mod._held_to_pins({"id": "null"}, local=True)
+    assert held["env"]["UV_EXCLUDE_NEWER"] == date and held["env"]["PIP_CONSTRAINT"].endswith(".txt")
+    own = v1mod._held_to_pins({"id": "null", "env": {"UV_EXCLUDE_NEWER": "2020-01-01T00:00:00Z"}}, local=True)
+    assert own["env"]["UV_EXCLUDE_NEWER"] == "2020-01-01T00:00:00Z"  # the user's harness env wins
+    assert "PIP_CONSTRAINT" not in v1mod._held_to_pins({"id": "bash"}, local=False)["env"]  # no host path in a box
+    assert v1mod._held_to_pins({"id": "my_own_harness"}, local=True) == {"id": "my_own_harness"}
+    monkeypatch.setenv("UV_EXCLUDE_NEWER", "2021-01-01T00:00:00Z")  # set by the user: left to uv
+    assert "UV_EXCLUDE_NEWER" not in v1mod._held_to_pins({"id": "null"}, local=True)["env"]
+    monkeypatch.setenv(pins.CONSTRAINTS_VAR, "none")
+    assert v1mod._held_to_pins({"id": "null"}, local=True) == {"id": "null"}
+
+
+def test_the_agent_config_carries_the_date_to_the_harness(arith_env: AgentEnv) -> None:
+    from openenv_gym import pins
+
+    harness = arith_env.unwrapped.adapter._agent_config.harness
+    assert harness.env.get("UV_EXCLUDE_NEWER") == pins.active().exclude_newer
+
+
+HARNESS_TAIL = '''le "/u/env/lib/python3.11/site-packages/openai/_base_client.py", line 1676, in __init__
+    self._client = http_client or AsyncHttpxClientWrapper(
+                                  ^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/u/env/lib/python3.11/site-packages/httpx2/_config.py", line 132, in __init__
+    raise TypeError(
+TypeError: Invalid timeout: expected a number, `None`, a tuple or `httpx2.Timeout`, got <class 'httpx.Timeout'>.
+Exception ignored in: <function AsyncHttpxClientWrapper.__del__ at 0x7f>
+Traceback (most recent call last):
+  File "/u/env/lib/python3.11/site-packages/httpx2/_client.py", line 214, in is_closed
+AttributeError: 'AsyncHttpxClientWrapper' object has no attribute '_state'
+'''
+
+
+def test_a_dead_harness_reports_its_exception_first_and_whole_lines() -> None:
+    """The library keeps the last 2,000 characters of the program's output, cut mid-word."""
+    detail = ("x" * 2000 + "\n" + HARNESS_TAIL)[-v1mod.LIBRARY_TAIL:]
+    message = v1mod._whole(f"harness 'null' exited 1: {detail}")
+    assert message.startswith("TypeError: Invalid timeout: expected a number")
+    assert "(harness 'null' exited 1; the end of its output:\n    self._client = http_client" in message
+    assert "le \"/u/env" not in message  # the cut line is dropped, not shown from mid-word
+    assert v1mod._whole("stop condition 'max_turns'") == "stop condition 'max_turns'"

@@ -210,3 +210,20 @@ def test_an_isolated_packaged_project_gets_its_own_dependencies_and_itself(tmp_p
         assert (reward, terminated) == (1.0, True)
     finally:
         env.close()
+
+
+def test_a_venv_builds_under_the_tested_set_and_the_envs_own_pin_wins(tmp_path, monkeypatch):
+    """uv gets the constraints in force (here a file of the user's, OPENENV_GYM_CONSTRAINTS): a bare
+    requirement takes the capped version, a requirement that gives its own version keeps it."""
+    pins = tmp_path / "pins.txt"
+    pins.write_text("six<=1.16.0\ntabulate<=0.8.10\n")
+    monkeypatch.setenv("OPENENV_GYM_CONSTRAINTS", str(pins))
+    capped = str(venvs.venv_python(venvs.ensure_venv(["six", "tabulate==0.9.0"])))
+    assert installed(capped, "six") == "1.16.0" and installed(capped, "tabulate") == "0.9.0"
+    monkeypatch.setenv("OPENENV_GYM_CONSTRAINTS", "none")
+    free = str(venvs.venv_python(venvs.ensure_venv(["six", "tabulate==0.9.0"])))
+    assert free != capped and installed(free, "six") != "1.16.0"  # other constraints, another venv
+    monkeypatch.setenv("OPENENV_GYM_CONSTRAINTS", str(pins))
+    pins.write_text("six<=1.15.0\n")
+    with pytest.raises(openenv_gym.errors.ConfigurationError, match="under the tested versions .*OPENENV_GYM_CONSTRAINTS=none"):
+        venvs.ensure_venv(["six>=1.16"])  # a range that leaves the cap nothing: the error says how out
