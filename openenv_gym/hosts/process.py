@@ -32,6 +32,7 @@ from openenv_gym.processes import is_stopped
 from openenv_gym.shard.handle import EncodedHandle
 from openenv_gym.shard.ops import Result, decode_results
 from openenv_gym.shard.shard import ShardConfig, decode_tools
+from openenv_gym.tracebacks import summarize, whole_lines
 from openenv_gym.wire import ToolSpec
 
 __all__ = ["HostProcess", "ProcessHandle", "INIT_TIMEOUT", "spawn", "init_body", "init_failed", "gone_message",
@@ -279,10 +280,12 @@ def output_tail(output: IO[bytes] | None) -> str:
         return ""
     try:
         size = output.seek(0, os.SEEK_END)
-        output.seek(max(0, size - _STDERR_TAIL))
-        return output.read().decode("utf-8", "replace").strip()
+        start = max(0, size - _STDERR_TAIL)
+        output.seek(start)
+        text = output.read().decode("utf-8", "replace")
     except (OSError, ValueError):
         return ""
+    return whole_lines(text, cut=start > 0)  # never a first line cut mid-word
 
 
 def gone_message(process: subprocess.Popen[bytes] | None, why: str, output: IO[bytes] | None) -> str:
@@ -292,7 +295,8 @@ def gone_message(process: subprocess.Popen[bytes] | None, why: str, output: IO[b
         why = f"it exited with code {code}"
     tail = output_tail(output)
     pid = None if process is None else process.pid
-    return f"the host process (pid {pid}) is gone: {why}" + (f"; its output ends with:\n{tail}" if tail else "")
+    # The exception that killed it leads (a traceback's last line), then the whole lines.
+    return summarize(f"the host process (pid {pid}) is gone: {why}", tail)
 
 
 def kill_group(process: subprocess.Popen[bytes] | None) -> None:

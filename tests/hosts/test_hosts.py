@@ -410,3 +410,16 @@ def test_a_vector_host_with_a_corrupt_stream_is_replaced(corrupting_hosts):
         assert vec.unwrapped.replaced_hosts == 1 and procs.wait_dead([pid], timeout=10) == []
     finally:
         vec.close()
+
+
+def test_a_dead_hosts_message_leads_with_its_exception_and_shows_whole_lines(tmp_path):
+    """Only the end of a host's output is kept: the cause comes first, no line starts mid-word."""
+    from openenv_gym.hosts.process import gone_message
+
+    out = tmp_path / "stderr"
+    out.write_bytes(b"x" * 5000 + b"word\nTraceback (most recent call last):\n  File \"env.py\", line 3, in <module>\n"
+                    b"    import missing_sdk\nModuleNotFoundError: No module named 'missing_sdk'\n")
+    with open(out, "rb") as f:
+        message = gone_message(None, "it exited", f)
+    assert message.startswith("ModuleNotFoundError: No module named 'missing_sdk' (the host process (pid None) is gone: it exited")
+    assert "the end of its output:\nTraceback (most recent call last):" in message and "xword" not in message
