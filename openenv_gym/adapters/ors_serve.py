@@ -151,10 +151,38 @@ def _load_class(root: Path, module_file: str, class_name: str) -> type:
         raise SystemExit(f"{module_file} defines no class {class_name!r}") from None
 
 
+_TRUE = ("true", "1", "yes")
+"""What OpenEnv's ``create_app`` reads as ``ENABLE_WEB_INTERFACE`` on."""
+
+
+def _openenv_without_web_ui() -> None:
+    """Import OpenEnv's server package without its Gradio web UI when the UI is off.
+
+    ``openenv.core.env_server`` imports its web UI, and with it Gradio, on import (seconds of CPU
+    per server process, most of a worker's start) and catches ``ModuleNotFoundError`` from it for
+    installs without Gradio. With ``ENABLE_WEB_INTERFACE`` off the UI is never built, so Gradio
+    is hidden for that one import (``None`` in ``sys.modules`` raises ``ModuleNotFoundError``)
+    and restored after it: an env's own ``import gradio`` later imports it as usual.
+    """
+    if os.environ.get("ENABLE_WEB_INTERFACE", "false").lower() in _TRUE or "gradio" in sys.modules:
+        return
+    if importlib.util.find_spec("openenv") is None:
+        return
+    sys.modules["gradio"] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module("openenv.core.env_server")
+    except ImportError:
+        pass  # an openenv without that package: the app's own import says what is missing
+    finally:
+        if sys.modules.get("gradio", False) is None:
+            del sys.modules["gradio"]
+
+
 def _load_app(root: Path, spec: str) -> Any:
     """The ASGI app ``module:attr`` names, imported with ``root`` first on ``sys.path``."""
     module_name, _, attr = spec.partition(":")
     sys.path.insert(0, str(root))
+    _openenv_without_web_ui()
     module = importlib.import_module(module_name)
     try:
         return getattr(module, attr or "app")

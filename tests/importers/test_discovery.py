@@ -2,7 +2,7 @@
 
 An editable install's metadata does not list its modules: setuptools leaves an import hook that
 maps module names to the project's folders, hatchling a ``.pth`` file naming the project folder.
-The packages are built here by pip from projects written in the test (setuptools and hatchling
+The packages are built here by uv (as pip would) from projects written in the test (setuptools and hatchling
 build backends), into a prefix of their own; a child process adds that prefix as a site folder
 (its ``.pth`` files run, as in a real venv), lists the ids and plays one step of each.
 """
@@ -19,11 +19,12 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from uv import find_uv_bin
 
 from openenv_gym.importers.discovery import module_locations, top_modules
 from openenv_gym.importers.verifiers import discover_installed
 
-pytestmark = pytest.mark.timeout(600)  # pip builds both projects (build isolation fetches the backends)
+pytestmark = pytest.mark.timeout(600)  # uv builds the projects (build isolation fetches the backends)
 
 ARITH = Path(__file__).resolve().parents[1] / "envs" / "verifiers_v1" / "vf1_arith" / "__init__.py"
 
@@ -59,7 +60,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prefix = root / "prefix"
     editable = [project(root, "vf1-edit-st", "setuptools"), project(root, "vf1-edit-hat", "hatchling")]
     regular = project(root, "vf1-copy-hat", "hatchling")
-    args = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-input", "--prefix", str(prefix)]
+    # uv builds as pip does (each project's own backend, in an isolated build env) and fetches the
+    # backends once per test session (its cache), where pip fetched them for every project
+    args = [find_uv_bin(), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable, "--prefix", str(prefix)]
     for line in (args + [a for p in editable for a in ("-e", str(p))], args + [str(regular)]):
         done = subprocess.run(line, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
