@@ -224,6 +224,6 @@ def test_a_venv_builds_under_the_tested_set_and_the_envs_own_pin_wins(tmp_path, 
     free = str(venvs.venv_python(venvs.ensure_venv(["six", "tabulate==0.9.0"])))
     assert free != capped and installed(free, "six") != "1.16.0"  # other constraints, another venv
     monkeypatch.setenv("OPENENV_GYM_CONSTRAINTS", str(pins))
-    pins.write_text("six<=1.15.0\n")
+    pins.write_text("six<=0.0.1\n")  # a cap no release of six meets
     with pytest.raises(openenv_gym.errors.ConfigurationError, match="under the tested versions .*OPENENV_GYM_CONSTRAINTS=none"):
-        venvs.ensure_venv(["six>=1.16"])  # a range that leaves the cap nothing: the error says how out
+        venvs.ensure_venv(["six"])  # the cap leaves a bare requirement nothing: the error says how out
