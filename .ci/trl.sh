@@ -8,8 +8,8 @@
 # aarch64 and macOS and a CUDA build on Linux x86_64 (several GB with its nvidia-* packages; it runs
 # on the CPU too). A pip configured with a local CPU wheel of 2.13.0 (find-links) takes that one:
 # `==2.13.0` admits the `2.13.0+cpu` local version and pip prefers it. For the CPU build on Linux
-# x86_64 from PyTorch's own CPU index, set TORCH_INDEX_URL to that index (README, "Training with
-# TRL"); nothing else is fetched from it.
+# x86_64 from PyTorch's own CPU index, set TORCH_INDEX_URL to that index (docs/training.md,
+# "Training with TRL"); nothing else is fetched from it.
 #
 # `bash .ci/trl.sh` does both; `install` only builds the venv, `run` only runs (CI builds it in the
 # background while other steps run).

@@ -2,7 +2,7 @@
 
 Each benchmark measures repeats (rounds, reps) and reports a figure as the median of the
 per-repeat values with their min and max, next to its target. ``--json`` writes
-``{"figures": [...], "details": {...}}``; the figures are what the README's table shows.
+``{"figures": [...], "details": {...}}``; the figures are what docs/performance.md's table shows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run every benchmark and write one table: the figures the README shows, reproducible by anyone.
+"""Run every benchmark and write one table: the figures docs/performance.md shows, reproducible by anyone.
 
 Each benchmark runs in its own process with ``--json``; every figure it reports is the median of
 its repeats with their min and max, next to its target. The table (markdown) and everything
@@ -13,6 +13,11 @@ benchmark's own output to ``<out>.logs/<name>.log``. A ``--quick`` run writes
 ``benchmarks/results/quick.md`` and ``.json`` instead (git ignores that folder) and never the
 committed results: its figures are a smoke test, not measurements. A benchmark that fails or
 needs a missing extra gets a row saying so; the others still run.
+
+docs/performance.md holds the committed table, ``benchmarks/results.md`` pasted whole under "The
+table"; the README copies a few headline rows of it, verbatim (``tests/test_readme.py`` checks that
+each is in docs/performance.md). Nothing here writes either page: after a run of the committed
+results, paste the new table there.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-COMMITTED = HERE / "results"  # the stem of the results the README pastes
+COMMITTED = HERE / "results"  # the stem of the results docs/performance.md pastes
 QUICK = HERE / "results" / "quick"  # where a --quick run writes (an ignored folder)
 
 # name, script, arguments, arguments with --quick, needs (importable modules), timeout (s)
@@ -250,6 +255,9 @@ def main() -> None:
     print()
     print(table)
     print(f"written to {out}.md and {out}.json")
+    if out.resolve() == COMMITTED:
+        print(f"docs/performance.md shows this table: paste {out}.md there whole (the README's headline rows "
+              "are copied from it)")
 
 
 if __name__ == "__main__":

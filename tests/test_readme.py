@@ -1,71 +1,61 @@
-"""The README's Python snippets run as shown, against the bundled env, and print what they say.
-
-A snippet whose first line is ``# template:`` names things a user brings (a server, a source, a
-tokenizer): it must still compile. Every other snippet runs, in README order, in one namespace
-(as a reader pastes them into one session), in a temporary folder; each ``print(...)  # text``
-line must print its comment (``...`` marks text left out, and a final ``(remark)`` is a remark).
+"""The README is a front page: short, with the set-up commands, the tested versions, a quickstart,
+the backends, the headline benchmark rows (copied from docs/performance.md, never typed) and a
+link to every page of docs/. Its snippets and links are checked with the docs' (test_docs.py).
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import io
 import re
-import textwrap
-from pathlib import Path
 
-import pytest
+from test_docs import DOCS, README, ROOT, TEMPLATE, expected_prints, links, snippets
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TEMPLATE = "# template:"
-
-
-def snippets() -> list[tuple[int, str]]:
-    """``(line, code)`` of every Python block of the README."""
-    text = README.read_text()
-    found = []
-    for match in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.M | re.S):
-        found.append((text[:match.start()].count("\n") + 1, textwrap.dedent(match[2])))
-    return found
+MAIN_JOB = ("python3 -m venv .venv && .venv/bin/pip install -c openenv_gym/constraints/py3.11.txt -e '.[ors]' && "
+            ".venv/bin/openenv-gym rollout openenv/Arithmetic-v0 --episodes 1000 --num-envs 32 --out rollout.jsonl "
+            "--overwrite")
+TESTS = ("python3 -m venv .venv && .venv/bin/pip install -c openenv_gym/constraints/py3.11.txt "
+         "-e '.[ors,ray,fleet,verifiers,openenv,tokens,dev]' && .venv/bin/pytest -q")
 
 
-def expected_prints(code: str) -> list[str]:
-    """The pieces of text each ``print(...)  # comment`` line promises."""
-    pieces = []
-    for line in code.splitlines():
-        head, sep, comment = line.partition("  # ")
-        if not sep or not head.strip().startswith("print("):
-            continue
-        comment = comment.strip()
-        if comment.endswith(")") and " (" in comment:
-            comment = comment.rsplit(" (", 1)[0]
-        pieces += [p.strip() for p in comment.split("...") if p.strip()]
-    return pieces
+def section(title: str) -> str:
+    return README.read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_has_runnable_snippets_and_marked_templates():
-    runnable = [code for _, code in snippets() if not code.startswith(TEMPLATE)]
-    assert len(runnable) >= 5 and all(expected_prints(c) or "print(" not in c for c in runnable)
+def test_the_readme_is_a_front_page():
+    assert len(README.read_text().splitlines()) <= 300
+
+
+def test_the_set_up_section_has_the_two_commands():
+    setup = section("Set-up on a fresh machine")
+    assert re.findall(r"```bash\n(.*?)\n```", setup, re.S) == [MAIN_JOB, TESTS]
+
+
+def test_the_tested_versions_stay_on_the_front_page():
+    setup = section("Set-up on a fresh machine")
+    assert "**Tested versions.**" in setup and "OPENENV_GYM_CONSTRAINTS" in setup
+    assert "| tested (Python 3.11) | version | where a newer release breaks |" in setup
+
+
+def test_the_quickstart_runs_and_shows_what_seed_7_gives():
+    runnable = [code for _, code in snippets(README) if not code.startswith(TEMPLATE)]
+    assert runnable and all(expected_prints(c) for c in runnable)
     assert "(17 + 4) * 3 - 8" not in README.read_text()  # the quickstart shows what seed 7 really gives
 
 
-@pytest.mark.parametrize("line, code", [s for s in snippets() if s[1].startswith(TEMPLATE)],
-                         ids=lambda v: f"line {v}" if isinstance(v, int) else "")
-def test_template_snippets_compile(line, code):
-    ast.parse(code, filename=f"README.md:{line}")
+def test_the_backends_table_names_each_backend_and_its_page():
+    backends = section("Backends")
+    for backend, page in [("ORS", "ors"), ("Verifiers", "verifiers"), ("Fleet", "fleet"), ("OpenEnv", "openenv")]:
+        assert re.search(rf"^\| {backend}\b.*\(docs/backends/{page}\.md\) \|$", backends, re.M), backend
 
 
-def test_runnable_snippets_run_and_print_what_they_say(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__readme__"}
-    for line, code in snippets():
-        if code.startswith(TEMPLATE):
-            continue
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102
-        printed = out.getvalue()
-        for piece in expected_prints(code):
-            assert piece in printed, f"README.md:{line}: {piece!r} was not printed; it printed:\n{printed}"
-    assert (tmp_path / "ep.jsonl").read_text().count("\n") == 64
+def test_the_headline_benchmark_rows_are_copied_from_the_performance_page():
+    performance = (DOCS / "performance.md").read_text().splitlines()
+    headline = section("Performance").splitlines()
+    rows = [line for line in headline if line.startswith("| ") and not line.startswith("| benchmark ")]
+    machine = [line for line in headline if line.startswith("Measured ")]
+    assert len(rows) >= 5 and len(machine) == 1
+    assert set(rows + machine) <= set(performance), "a README figure that docs/performance.md does not have"
+
+
+def test_the_readme_links_every_page_of_the_docs():
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(README)}
+    assert {page.resolve() for page in DOCS.rglob("*.md")} <= linked

@@ -1,6 +1,7 @@
-"""The README's serving commands run as written: each ``openenv-gym serve`` line of its Serving
-section starts, prints its URL, answers with the token, and stops on SIGTERM leaving nothing. The
-one change: the port, replaced by a free one (the README's may be taken on a shared machine)."""
+"""The serving page's commands run as written: each ``openenv-gym serve`` line of docs/serving.md's
+first shell block starts, prints its URL, answers with the token, and stops on SIGTERM leaving
+nothing. The one change: the port, replaced by a free one (the page's may be taken on a shared
+machine)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import httpx
 from serve_helpers import start_serve
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "serving.md"
 
 
 def _free_port() -> int:
@@ -22,8 +24,7 @@ def _free_port() -> int:
 
 
 def serve_lines() -> list[list[str]]:
-    section = README.read_text().split("## Serving", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)[1]
+    block = re.search(r"```bash\n(.*?)```", PAGE.read_text(), re.S)[1]
     commands = []
     for line in block.splitlines():
         if line.startswith("openenv-gym serve "):
@@ -32,8 +33,8 @@ def serve_lines() -> list[list[str]]:
     return commands
 
 
-def test_the_readme_serving_commands_run_as_written(monkeypatch):
-    monkeypatch.chdir(README.parent)  # the commands name files relative to the checkout
+def test_the_serving_page_commands_run_as_written(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the commands name files relative to the checkout
     commands = serve_lines()
     assert len(commands) >= 3 and any("--protocol" not in c for c in commands)
     served = [start_serve(*args) for args in commands]
