@@ -164,7 +164,7 @@ def _mixture(host: dict[str, Any]) -> Any:
     for sdk, probe in PROBES.items():
         gym.register(f"openenv/bench-{sdk}-v0", entry_point="openenv_gym.registration:make_env",
                      vector_entry_point="openenv_gym.registration:make_vec",
-                     kwargs={"adapter": "openenv_gym.adapters.ors:ORSAdapter", **probe})
+                     kwargs={"adapter": "openenv_gym.adapters.ors.adapter:ORSAdapter", **probe})
     return openenv_gym.make_mixture({ARITH: 32, "openenv/bench-ors-sdk-v0": 32, "openenv/bench-openreward-v0": 32},
                                     max_turns=10**6, **host)
 

@@ -36,7 +36,7 @@ import gymnasium as gym
 import openenv_gym
 from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn
-from openenv_gym.adapters.ors import ORSAdapter
+from openenv_gym.adapters.ors.adapter import ORSAdapter
 from openenv_gym.wire import TaskRef
 
 SOURCE = Path(openenv_gym.__file__).parent / "examples" / "arithmetic.py"

@@ -28,7 +28,7 @@ from typing import Any
 
 from openenv_gym import runtime
 from openenv_gym.actions import parse_action
-from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter
+from openenv_gym.adapters.verifiers.v0 import VerifiersV0Adapter
 from openenv_gym.env import AgentEnv
 from openenv_gym.wire import TaskRef
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from openenv_gym import runtime
-from openenv_gym.adapters import verifiers_v1 as v1
-from openenv_gym.adapters.verifiers_v1_servers import injected_interception_class
+from openenv_gym.adapters.verifiers import v1 as v1
+from openenv_gym.adapters.verifiers.v1_servers import injected_interception_class
 from openenv_gym.env import AgentEnv
 
 SOURCE = Path(__file__).resolve().parent.parent / "tests" / "envs" / "verifiers_v1" / "vf1_calc"

@@ -22,42 +22,56 @@ from openenv_gym.registration import env_info, list_environments, register_all
 from openenv_gym.version import __version__
 
 __all__ = [
+    # the env and the vector env (made by gym.make / gym.make_vec) and their spaces
     "AgentEnv",
+    "AgentVectorEnv",
     "AssistantAction",
-    "ContextManagement",
     "Messages",
-    "Opening",
-    "Outcome",
+    # wrappers for training
+    "ChatTokens",
+    "ContextManagement",
+    "ConversationHistory",
+    "RecordEpisodes",
+    "TextToolCalls",
+    # rollouts, pools, mixtures, serving
+    "collect",
     "SessionPool",
-    "Split",
-    "TaskRef",
-    "ToolSpec",
-    "env_info",
-    "errors",
-    "list_environments",
     "make_mixture",
-    "register_all",
     "serve",
     "served",
+    # the registry
+    "env_info",
+    "list_environments",
+    "register_all",
+    "errors",
     "tune_gc",
     "__version__",
 ]
+"""The user's API. A backend's author finds theirs in :mod:`openenv_gym.adapters`; any other
+module's names are the package's own and may change between releases (docs/architecture.md, "Public API")."""
 
 _LAZY = {
     "AgentEnv": "openenv_gym.env",
+    "AgentVectorEnv": "openenv_gym.vector",
     "AssistantAction": "openenv_gym.spaces",
     "Messages": "openenv_gym.spaces",
+    "ChatTokens": "openenv_gym.wrappers",
     "ContextManagement": "openenv_gym.wrappers",
-    "Opening": "openenv_gym.wire",
-    "Outcome": "openenv_gym.wire",
-    "Split": "openenv_gym.wire",
-    "TaskRef": "openenv_gym.wire",
-    "ToolSpec": "openenv_gym.wire",
+    "ConversationHistory": "openenv_gym.wrappers",
+    "RecordEpisodes": "openenv_gym.wrappers",
+    "TextToolCalls": "openenv_gym.wrappers",
+    "collect": "openenv_gym.rollout",
     "SessionPool": "openenv_gym.pool",
     "make_mixture": "openenv_gym.mixture",
     "serve": "openenv_gym.serving",
     "served": "openenv_gym.serving",
     "tune_gc": "openenv_gym.processes",
+    # Exported here by earlier releases; an adapter's author now takes them from openenv_gym.adapters.
+    "Opening": "openenv_gym.wire",
+    "Outcome": "openenv_gym.wire",
+    "Split": "openenv_gym.wire",
+    "TaskRef": "openenv_gym.wire",
+    "ToolSpec": "openenv_gym.wire",
 }
 """Public names imported on first use (module that defines each)."""
 

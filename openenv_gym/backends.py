@@ -1,15 +1,9 @@
 """Backends: one descriptor per ecosystem openenv_gym plays, and the table every part reads.
 
-A backend is its adapter, the extra that brings its dependencies, what ``gym.make`` needs from
-the user, the kwargs that rebuild one of its catalog entries, its static detector and its
-discovery of installed environment packages. Registration (the built-in ids, the catalog,
-discovered packages, ``isolate=True``), detection (``openenv-gym import``) and the CLI (``--kind``,
-``list``) all read :func:`backends`; adding one is one :func:`register` call, from this package or
-from anyone's code, with nothing else to edit.
-
-References to code are ``"module:name"`` strings, resolved when first used (:func:`resolve`), so
-this table imports nothing of the package and sits below every part that reads it; a descriptor
-built elsewhere may give the callables themselves.
+A backend is one folder (``openenv_gym/adapters/<kind>/``) whose ``__init__`` registers its
+:class:`Backend`; registration, detection, isolation and the CLI read only this table, so adding
+one is one :func:`register` call. References to code are ``"module:name"`` strings resolved on
+first use (:func:`resolve`): the table imports nothing of the package and sits below every reader.
 """
 
 from __future__ import annotations
@@ -55,12 +49,34 @@ class Backend:
     """A source that matches this kind is of this kind even if others match too (a manifest that
     says how the folder is served)."""
     family: tuple[str, ...] = ()
-    """Modules of adapters that belong to this kind besides :attr:`adapter`'s (``isolate=True``
-    builds the venv of the kind whose adapter an id names)."""
+    """Modules of adapters that belong to this kind besides those in :attr:`adapter`'s package
+    (``isolate=True`` builds the venv of the kind whose adapter an id names)."""
+    venv_requirements: Ref | None = None
+    """``(sdk, extra) -> list[str]``: what an isolated venv of a source written against ``sdk`` needs
+    of :attr:`extra`'s requirements (``extra``); left out, all of them."""
 
+
+BUILTIN = ("openenv_gym.adapters.ors", "openenv_gym.adapters.fleet", "openenv_gym.adapters.verifiers",
+           "openenv_gym.adapters.openenv")
+"""The packages of the built-in backends: importing one registers it (its ``__init__`` holds the
+descriptor and nothing heavy)."""
 
 _lock = threading.Lock()
 _table: dict[str, Backend] = {}
+_loaded = threading.Lock()
+_builtins_in = False
+
+
+def _load_builtins() -> None:
+    """Register the built-in backends once, on the first read of the table."""
+    global _builtins_in
+    if _builtins_in:
+        return
+    with _loaded:  # not _lock: each import below calls register()
+        if not _builtins_in:
+            for package in BUILTIN:
+                importlib.import_module(package)
+            _builtins_in = True
 
 
 def register(backend: Backend) -> None:
@@ -76,12 +92,14 @@ def unregister(kind: str) -> None:
 
 
 def backends() -> list[Backend]:
-    """Every descriptor, in the order they were registered."""
+    """Every descriptor, in the order they were registered (the built-ins first)."""
+    _load_builtins()
     with _lock:
         return list(_table.values())
 
 
 def get(kind: str) -> Backend | None:
+    _load_builtins()
     return _table.get(kind)
 
 
@@ -98,43 +116,7 @@ def kind_of_adapter(entry: str) -> str | None:
     module = entry.partition(":")[0]
     for backend in backends():
         home = backend.adapter.partition(":")[0]
-        if module == home or module in backend.family:
+        package = home.rpartition(".")[0]
+        if module in (home, package) or module.startswith(f"{package}.") or module in backend.family:
             return backend.kind
     return None
-
-
-for _backend in (
-    Backend(
-        kind="ors", adapter="openenv_gym.adapters.ors:ORSAdapter", extra="ors", builtin="ORS",
-        needs="url= (a running ORS server) or source= (a file or folder)",
-        looks_like="openenv_gym.importers.ors:looks_like_ors", detect="openenv_gym.importers:ors_source",
-        catalog_kwargs="openenv_gym.importers.catalog:ors_kwargs",
-        family=("openenv_gym.adapters.ors_transport",),
-    ),
-    Backend(
-        kind="fleet", adapter="openenv_gym.adapters.fleet:FleetAdapter", extra="fleet", builtin="Fleet",
-        needs="env_key=, task= or tasks= (a task file), and api_key= or $FLEET_API_KEY",
-        looks_like="openenv_gym.importers.fleet:looks_like_fleet", detect="openenv_gym.importers:fleet_source",
-        catalog_kwargs="openenv_gym.importers.catalog:fleet_kwargs",
-    ),
-    Backend(
-        kind="verifiers", adapter="openenv_gym.adapters.verifiers:adapter_spec", extra="verifiers",
-        builtin="Verifiers", needs="env_id= (an installed environment) or source= (a file or folder)",
-        looks_like="openenv_gym.importers.verifiers:looks_like_verifiers",
-        detect="openenv_gym.importers:verifiers_source",
-        catalog_kwargs="openenv_gym.importers.catalog:verifiers_kwargs",
-        discover="openenv_gym.importers.verifiers:discover_installed",
-        discovered_kwargs="openenv_gym.importers.catalog:discovered_verifiers_kwargs",
-        family=("openenv_gym.adapters.verifiers_v0", "openenv_gym.adapters.verifiers_v1"),
-    ),
-    Backend(
-        kind="openenv", adapter="openenv_gym.adapters.openenv:OpenEnvAdapter", extra="openenv", builtin="OpenEnv",
-        needs="url= (a running OpenEnv server) or source= (an env folder or installed env package)",
-        looks_like="openenv_gym.importers.openenv:looks_like_openenv", detect="openenv_gym.importers:openenv_source",
-        catalog_kwargs="openenv_gym.importers.catalog:openenv_kwargs",
-        discover="openenv_gym.importers.openenv:discover_installed",
-        discovered_kwargs="openenv_gym.importers.catalog:discovered_openenv_kwargs",
-        precedence=True, family=("openenv_gym.adapters.openenv_transport",),
-    ),
-):
-    register(_backend)

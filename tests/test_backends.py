@@ -1,5 +1,6 @@
-"""A backend is one descriptor: a toy ecosystem defined in this test alone plays through gym.make,
-both vector backends and the catalog, with nothing in the package edited.
+"""A backend is one folder plus one registration line: a toy ecosystem defined in this test alone
+(a package laid out as the built-ins under openenv_gym/adapters/<kind>/) plays through gym.make,
+both vector backends, the catalog and isolation's requirements, with nothing in the package edited.
 
 The toy env: task ``i`` of a source asks for a number; its one tool ``answer(n)`` pays 1 when ``n``
 is the task's number. A "source" of this kind is a ``.toy`` file whose first line is the base the
@@ -8,6 +9,7 @@ numbers start from, so the catalog entry carries something the adapter needs.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import textwrap
@@ -21,7 +23,25 @@ from openenv_gym import backends
 from openenv_gym.importing import import_source
 from openenv_gym.registration import register_builtins, register_catalog
 
-TOY_MODULE = '''
+TOY_PACKAGE = {
+    # The descriptor and the one registration line, as each built-in backend's __init__ has them.
+    "__init__.py": '''
+from openenv_gym.backends import Backend, register
+
+
+def catalog_kwargs(entry):
+    return {"source": entry.source}
+
+
+def venv_requirements(sdk, extra):
+    return ["toy-sdk>=1"]
+
+
+register(Backend(kind="toy", adapter="toy_backend.adapter:ToyAdapter", builtin="Toy", needs="nothing",
+                 looks_like="toy_backend.detect:looks_like_toy", detect="toy_backend.detect:toy_source",
+                 catalog_kwargs=catalog_kwargs, venv_requirements=venv_requirements))
+''',
+    "adapter.py": '''
 from pathlib import Path
 from openenv_gym.actions import tool_message, user_message
 from openenv_gym.adapters.base import Adapter, Episode
@@ -66,6 +86,10 @@ class ToyEpisode(Episode):
                        reward=1.0 if right else 0.0, terminated=True)
 
     async def aclose(self): pass
+''',
+    "detect.py": '''
+from openenv_gym.errors import DetectionError
+from openenv_gym.importers import Detected
 
 
 def looks_like_toy(path):
@@ -76,11 +100,8 @@ def toy_source(path, env_class):
     if path.suffix != ".toy":
         raise DetectionError(f"a toy source is a .toy file; {path} is not")
     return Detected(kind="toy", env_class="", env_name=path.stem, module_file=path.name, sdk="toy", source=str(path))
-
-
-def toy_kwargs(entry):
-    return {"source": entry.source}
-'''
+''',
+}
 
 
 def answer(n: int) -> dict:
@@ -94,19 +115,19 @@ def number_of(obs: list) -> int:
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    module = tmp_path / "toy_backend_mod.py"
-    module.write_text(textwrap.dedent(TOY_MODULE))
+    folder = tmp_path / "toy_backend"
+    folder.mkdir()
+    for name, text in TOY_PACKAGE.items():
+        (folder / name).write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # host processes and Ray workers import it too
-    backends.register(backends.Backend(
-        kind="toy", adapter="toy_backend_mod:ToyAdapter", builtin="Toy", needs="nothing",
-        looks_like="toy_backend_mod:looks_like_toy", detect="toy_backend_mod:toy_source",
-        catalog_kwargs="toy_backend_mod:toy_kwargs"))
+    importlib.import_module("toy_backend")  # the one line: the folder registers its backend
     register_builtins()
     yield tmp_path
     backends.unregister("toy")
     gym.registry.pop("openenv/Toy-v0", None)
-    sys.modules.pop("toy_backend_mod", None)
+    for module in ("toy_backend", "toy_backend.adapter", "toy_backend.detect"):
+        sys.modules.pop(module, None)
 
 
 def test_the_toy_backend_plays_through_gym_make(toy):
@@ -156,5 +177,53 @@ def test_the_toy_kind_is_listed_where_kinds_are(toy):
     from openenv_gym.importers import DETECTORS
     from openenv_gym.registration import ADAPTERS, needs
 
-    assert "toy" in DETECTORS and "toy" in _kinds() and ADAPTERS["toy"] == "toy_backend_mod:ToyAdapter"
-    assert needs("toy_backend_mod:ToyAdapter") == "nothing"
+    assert "toy" in DETECTORS and "toy" in _kinds() and ADAPTERS["toy"] == "toy_backend.adapter:ToyAdapter"
+    assert needs("toy_backend.adapter:ToyAdapter") == "nothing"
+
+
+def test_the_toy_backend_gives_its_own_isolated_venv_requirements(toy, tmp_path):
+    from openenv_gym.isolation import venvs
+
+    source = tmp_path / "numbers.toy"
+    source.write_text("500\n")
+    requirements = venvs.requirements_for("toy", source, sdk="toy")
+    assert "toy-sdk>=1" in requirements and requirements[-1] == venvs.this_package()
+
+
+def test_each_builtin_backend_is_a_folder_that_registers_itself():
+    """The built-ins are laid out as the toy is: adapters/<kind>/ holds the descriptor, the adapter,
+    the detector; nothing per backend is left in importers/."""
+    from pathlib import Path
+
+    root = Path(openenv_gym.__file__).parent
+    for backend in backends.backends()[:4]:
+        folder = root / "adapters" / backend.kind
+        assert (folder / "__init__.py").is_file() and (folder / "detect.py").is_file(), backend.kind
+        for ref in (backend.adapter, backend.detect, backend.looks_like):
+            assert ref.startswith(f"openenv_gym.adapters.{backend.kind}."), ref
+    assert sorted(p.name for p in (root / "importers").glob("*.py")) == [
+        "__init__.py", "catalog.py", "discovery.py", "pysource.py"]
+
+
+@pytest.mark.parametrize("earlier, now", [
+    ("openenv_gym.adapters.ors:ORSAdapter", "openenv_gym.adapters.ors.adapter:ORSAdapter"),
+    ("openenv_gym.adapters.fleet:FleetAdapter", "openenv_gym.adapters.fleet.adapter:FleetAdapter"),
+    ("openenv_gym.adapters.openenv:OpenEnvAdapter", "openenv_gym.adapters.openenv.adapter:OpenEnvAdapter"),
+    ("openenv_gym.adapters.verifiers:adapter_spec", "openenv_gym.adapters.verifiers.adapter:adapter_spec"),
+])
+def test_adapter_entries_of_earlier_releases_still_resolve(earlier, now):
+    """Ids that plugins registered before the backends had folders name the adapter by its package."""
+    from openenv_gym.adapters.base import AdapterSpec
+
+    assert AdapterSpec(earlier).target() is AdapterSpec(now).target()
+    assert backends.kind_of_adapter(earlier) == backends.kind_of_adapter(now) == now.split(".")[2]
+
+
+def test_the_public_apis_resolve_and_the_backend_authors_types_are_where_the_docs_say():
+    import openenv_gym.adapters as authors
+
+    for module in (openenv_gym, authors):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+    assert authors.Opening is openenv_gym.Opening  # earlier releases' top-level names still resolve
+    assert "Opening" not in openenv_gym.__all__ and "TextToolCalls" in openenv_gym.__all__

@@ -244,7 +244,7 @@ def test_plugins_name_an_adapter_and_get_the_generic_entry_points(tmp_path, priv
     (tmp_path / "adapter_plugin.py").write_text(textwrap.dedent(f"""
         def envs():
             return [
-                {{"id": "openenv/Short-v0", "adapter": "openenv_gym.adapters.ors:ORSAdapter",
+                {{"id": "openenv/Short-v0", "adapter": "openenv_gym.adapters.ors.adapter:ORSAdapter",
                   "kwargs": {{"source": {str(ENVS / 'ors_probe.py')!r}, "env_class": "Probe"}}}},
                 {{"id": "openenv/Legacy-v0", "entry_point": "openenv_gym.adapters.ors:make_env",
                   "kwargs": {{"source": {str(ENVS / 'ors_probe.py')!r}, "env_class": "Probe"}}}},
@@ -259,7 +259,7 @@ def test_plugins_name_an_adapter_and_get_the_generic_entry_points(tmp_path, priv
     done = run(["-c", script], private_catalog, PYTHONPATH=str(tmp_path))
     assert done.returncode == 0, done.stderr
     expected = ["openenv_gym.registration:make_env", "openenv_gym.registration:make_vec",
-                "openenv_gym.adapters.ors:ORSAdapter"]
+                "openenv_gym.adapters.ors.adapter:ORSAdapter"]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [expected, expected]
 
 
@@ -332,10 +332,10 @@ def test_adapter_spec_repr_and_env_info_hide_secrets():
 
     kwargs = {"url": "http://127.0.0.1:9", "secrets": {"k": SECRET}, "headers": {"Authorization": SECRET},
               "api_key": SECRET, "env_args": {"nested": {"github_token": SECRET}}, "password": SECRET}
-    spec = AdapterSpec("openenv_gym.adapters.ors:ORSAdapter", dict(kwargs))
+    spec = AdapterSpec("openenv_gym.adapters.ors.adapter:ORSAdapter", dict(kwargs))
     assert SECRET not in repr(spec) and SECRET not in str(spec) and "github_token" in repr(spec)
     assert spec.kwargs["secrets"] == {"k": SECRET}  # the recipe itself keeps what it must pass on
-    _register("openenv/SecretHolder-v0", {"adapter": "openenv_gym.adapters.ors:ORSAdapter", **kwargs})
+    _register("openenv/SecretHolder-v0", {"adapter": "openenv_gym.adapters.ors.adapter:ORSAdapter", **kwargs})
     try:
         assert SECRET not in repr(gym.spec("openenv/SecretHolder-v0"))  # the registry's spec prints safely
         assert gym.spec("openenv/SecretHolder-v0").kwargs["api_key"] == SECRET  # and still holds the value
@@ -356,7 +356,7 @@ def test_made_envs_keep_secrets_out_of_their_spec_and_get_step_timeout():
         assert SECRET not in json.dumps(openenv_gym.env_info(env.spec.id))
         registered = gym.spec("openenv/Arithmetic-v0")  # the registry's spec stays data
         assert pickle.loads(pickle.dumps(registered)) == registered
-        assert json.loads(registered.to_json())["kwargs"]["adapter"] == "openenv_gym.adapters.ors:ORSAdapter"
+        assert json.loads(registered.to_json())["kwargs"]["adapter"] == "openenv_gym.adapters.ors.adapter:ORSAdapter"
         again = gym.make(env.unwrapped.spec.id, max_turns=2)  # the spec's id and kwargs still make envs
         assert again.unwrapped.max_turns == 2
         again.close()

@@ -67,7 +67,7 @@ def question(prompt: str) -> str:
 
 
 def ors_servers() -> set[int]:
-    return {p for p in procs.descendants(os.getpid()) if "ors_serve" in procs.cmdline(p)}
+    return {p for p in procs.descendants(os.getpid()) if "local_servers/serve.py" in procs.cmdline(p)}
 
 
 @pytest.fixture
@@ -353,7 +353,7 @@ def test_a_spec_never_closed_leaves_no_server_after_exit(tmp_path):
         "spec = EnvSpec('openenv/Arithmetic-v0', num_tasks=2)\n"
         "env = spec.environment_factory()\n"
         "env.reset(**spec.train_dataset[0])\n"
-        "print(*[p for p in procs.descendants(os.getpid()) if 'ors_serve' in procs.cmdline(p)])\n"
+        "print(*[p for p in procs.descendants(os.getpid()) if 'local_servers/serve.py' in procs.cmdline(p)])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -44,6 +44,6 @@ def test_the_installed_wheel_runs_the_main_job(tmp_path):
     # What the wheel must carry beyond .py modules: the bundled example env, the server launcher
     # run by path, the web pages' static files.
     listing = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True).stdout
-    for member in ("openenv_gym/examples/arithmetic.py", "openenv_gym/adapters/ors_serve.py",
+    for member in ("openenv_gym/examples/arithmetic.py", "openenv_gym/adapters/local_servers/serve.py",
                    "openenv_gym/web/static/", "openenv_gym/py.typed"):
         assert member in listing, member

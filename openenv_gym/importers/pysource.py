@@ -1,7 +1,7 @@
 """Python source read without running it: files of a folder, their syntax trees, their imports.
 
-Shared by the static detectors of every kind (:mod:`openenv_gym.importers.ors`,
-:mod:`openenv_gym.importers.verifiers`): user code is never imported or executed during
+Shared by the static detectors of every kind (:mod:`openenv_gym.adapters.ors.detect`,
+:mod:`openenv_gym.adapters.verifiers.detect`): user code is never imported or executed during
 detection, because importing an environment module runs arbitrary top-level code (servers,
 downloads, ``sys.exit``), and detection has to be safe on sources nobody has vetted.
 """

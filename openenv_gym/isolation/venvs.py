@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from openenv_gym import backends
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.isolation.paths import venvs_dir
 from openenv_gym.pins import CONSTRAINTS_VAR, constraints_for, requirement_name
@@ -68,18 +69,16 @@ def _extra(extra: str) -> list[str]:
     return out
 
 
-def _sdk_requirements(kind: str, sdk: str | None) -> list[str]:
-    """The SDK an adapter of ``kind`` needs in the host's venv (``sdk`` picks among several)."""
-    if kind == "ors":  # the SDK the source is written against, not the other one
-        other = {"ors": "openreward", "openreward": "ors-sdk"}.get(sdk or "")
-        return [r for r in _extra("ors") if requirement_name(r) != other]
-    if kind == "verifiers":
-        if sdk == "v0":  # the legacy API left verifiers in 0.4
-            return ["verifiers>=0.3.1,<0.4", *[r for r in _extra("verifiers") if requirement_name(r) != "verifiers"]]
-        return _extra("verifiers")
-    if kind in ("fleet", "openenv"):
-        return _extra(kind)
-    raise ConfigurationError(f"no isolated venv for kind {kind!r}: use one of ors, verifiers, fleet, openenv")
+def _sdk_requirements(kind: str, sdk: str | None) -> tuple[list[str], set[str]]:
+    """The SDK an adapter of ``kind`` needs in the host's venv (``sdk`` picks among several), and
+    which of those lines the backend added to its extra's: bounds a source's own pin cannot lift."""
+    backend = backends.get(kind)
+    if backend is None or (backend.extra is None and backend.venv_requirements is None):
+        usable = ", ".join(b.kind for b in backends.backends() if b.extra or b.venv_requirements)
+        raise ConfigurationError(f"no isolated venv for kind {kind!r}: use one of {usable}")
+    extra = _extra(backend.extra) if backend.extra else []
+    wanted = backends.resolve(backend.venv_requirements)(sdk, list(extra)) if backend.venv_requirements else extra
+    return wanted, set(wanted) - set(extra)
 
 
 def this_package() -> str:
@@ -176,14 +175,14 @@ def requirements_for(kind: str, source: str | os.PathLike[str] | None, sdk: str 
                      extra: Sequence[str] = ()) -> list[str]:
     """Everything the venv of a ``kind`` source needs: its own requirements, its SDK, this package.
 
-    The source's pin of its SDK wins over this package's, except the legacy Verifiers bound
-    (``verifiers<0.4``), which a v0 source always gets: a project that depends on a bare
-    ``verifiers`` would otherwise resolve to 0.4, which has no v0 API.
+    The source's pin of its SDK wins over this package's, except a bound the backend adds
+    (the legacy Verifiers ``verifiers<0.4``, which a v0 source always gets: a project that depends
+    on a bare ``verifiers`` would otherwise resolve to 0.4, which has no v0 API).
     """
     own = [*source_requirements(source), *extra]
     named = {requirement_name(r) for r in own if not r.startswith("-")}
-    sdk_reqs = [r for r in _sdk_requirements(kind, sdk)
-                if requirement_name(r) not in named or (kind == "verifiers" and sdk == "v0" and requirement_name(r) == "verifiers")]
+    wanted, forced = _sdk_requirements(kind, sdk)
+    sdk_reqs = [r for r in wanted if requirement_name(r) not in named or r in forced]
     seen: dict[str, None] = {}
     for r in [*own, *sdk_reqs, this_package()]:
         seen.setdefault(r, None)

@@ -18,25 +18,19 @@ answers included, so no one but its user may reach it:
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import os
-import secrets
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.serving.limits import TOKEN_ENV
+from openenv_gym.tokens import Guard, new_token
 
 __all__ = ["Access", "is_loopback", "new_token"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def new_token() -> str:
-    """A fresh random token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
 
 
 def is_loopback(host: str) -> bool:
@@ -60,7 +54,7 @@ class Access:
     def __init__(self, token: str | None, generated: bool = False):
         if token is not None and (not isinstance(token, str) or len(token) < 16):
             raise ConfigurationError("a serving token must be a string of at least 16 characters")
-        self._token = token.encode() if token is not None else None
+        self.guard = Guard(token)
         self.generated = generated
 
     @classmethod
@@ -81,26 +75,23 @@ class Access:
 
     @property
     def token(self) -> str | None:
-        return self._token.decode() if self._token is not None else None
+        return self.guard.token
 
     def headers(self) -> dict[str, str]:
         """What a client sends (a secret: pass it on, never log it)."""
-        return {"Authorization": f"Bearer {self.token}"} if self._token is not None else {}
+        return {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
 
     def matches(self, given: str | None) -> bool:
         """Whether ``given`` is the token, in time independent of where they differ."""
-        if self._token is None:
-            return True
-        return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._token)
+        return self.guard.matches(given)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._token is not None:
-            header = request.headers.get(hdrs.AUTHORIZATION, "")
-            given = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("X-API-Key")
-            if not given:
-                return web.json_response({"detail": "this server needs its token: 'Authorization: Bearer <token>' "
-                                                    "or 'X-API-Key: <token>'"}, status=401)
-            if not self.matches(given):
-                return web.json_response({"detail": "wrong token"}, status=403)
+        status = self.guard.check(Guard.credential(request.headers.get(hdrs.AUTHORIZATION),
+                                                   request.headers.get("X-API-Key")))
+        if status == 401:
+            return web.json_response({"detail": "this server needs its token: 'Authorization: Bearer <token>' "
+                                                "or 'X-API-Key: <token>'"}, status=401)
+        if status == 403:
+            return web.json_response({"detail": "wrong token"}, status=403)
         return await handler(request)

@@ -51,7 +51,7 @@ RESPOND = ToolSpec(
 )
 """The tool a plain-text answer is sent with: its ``content`` is the assistant's message."""
 
-_TEXT_ADAPTERS = ("openenv_gym.adapters.verifiers",)
+_TEXT_ADAPTERS = ("openenv_gym.adapters.verifiers.adapter",)
 """Adapter modules whose agents may answer in plain text besides calling tools (a Verifiers
 ToolEnv ends its rollout on a message without tool calls)."""
 

@@ -22,11 +22,11 @@ Beyond the token, what a browser could be tricked into:
 
 from __future__ import annotations
 
-import hmac
-import secrets
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
+
+from openenv_gym.tokens import Guard, new_token
 
 __all__ = ["Access", "new_token", "SECURITY_HEADERS"]
 
@@ -41,11 +41,6 @@ SECURITY_HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def new_token() -> str:
-    """A fresh random token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
-
-
 class Access:
     """The token check, as an aiohttp middleware (:meth:`middleware`) bound to one server.
 
@@ -56,12 +51,12 @@ class Access:
     """
 
     def __init__(self, token: str | None = None, port: int = 0):
-        self._token = (token or new_token()).encode()
+        self.guard = Guard(token or new_token())
         self.port = port
 
     @property
     def token(self) -> str:
-        return self._token.decode()
+        return self.guard.token or ""
 
     @property
     def cookie(self) -> str:
@@ -73,7 +68,7 @@ class Access:
 
     def matches(self, given: str | None) -> bool:
         """Whether ``given`` is the token, in time independent of where they differ."""
-        return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._token)
+        return given is not None and self.guard.matches(given)
 
     def _hosts(self) -> set[str]:
         return {f"127.0.0.1:{self.port}", f"localhost:{self.port}"}
@@ -93,12 +88,12 @@ class Access:
         if request.host not in self._hosts():
             return _refuse(403, "this server answers only on 127.0.0.1 and localhost")
         from_query = request.query.get("token")
-        header = request.headers.get(hdrs.AUTHORIZATION, "")
-        given = from_query or (header[6:].strip() if header.lower().startswith("token ") else None) \
+        given = from_query or Guard.credential(request.headers.get(hdrs.AUTHORIZATION)) \
             or request.cookies.get(self.cookie)
-        if not given:
+        status = self.guard.check(given)
+        if status == 401:
             return _refuse(401, "this page needs the token printed with its URL (…/?token=…)")
-        if not self.matches(given):
+        if status == 403:
             return _refuse(403, "wrong token: use the URL the command printed")
         origin = request.headers.get(hdrs.ORIGIN)
         if origin is not None and origin not in self._origins():

@@ -1,4 +1,4 @@
-"""Tool calls over openenv_gym's own HTTP/1.1 connections (``adapters/http1.py``), against a server
+"""Tool calls over openenv_gym's own HTTP/1.1 connections (``adapters/net/http1.py``), against a server
 that writes raw bytes (``tests/raw_http_server.py``, its own process, stopped by PID).
 
 What a user relies on: every answer is the answer to its own call (a connection is reused only
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from openenv_gym.adapters import http1
-from openenv_gym.adapters.ors_transport import ORSTransport, RunToolResult, Timeouts
+from openenv_gym.adapters.net import http1
+from openenv_gym.adapters.ors.transport import ORSTransport, RunToolResult, Timeouts
 from openenv_gym.errors import BackendTimeout, BackendUnavailable, ConfigurationError, OpenEnvGymError, ServerError
 from openenv_gym.testing import procs
 

@@ -1,4 +1,4 @@
-"""``ors_serve.lean_sse``: a local server's SSE responses behave as sse-starlette's own, without
+"""``serve.lean_sse``: a local server's SSE responses behave as sse-starlette's own, without
 leaving a garbage cycle behind each one.
 
 Each scenario runs in a child process (``lean_sse`` changes a library class for the whole
@@ -22,11 +22,11 @@ _SERVER = textwrap.dedent("""
     from starlette.applications import Starlette
     from starlette.routing import Route
     from sse_starlette.sse import EventSourceResponse
-    from openenv_gym.adapters import ors_serve
+    from openenv_gym.adapters.local_servers import serve
 
     LEAN = sys.argv[1] == "lean"
     if LEAN:
-        assert ors_serve.lean_sse() and ors_serve.lean_sse()  # idempotent
+        assert serve.lean_sse() and serve.lean_sse()  # idempotent
     closed = []
 
     async def quick(request):
@@ -129,10 +129,10 @@ def test_lean_responses_leave_no_garbage_cycles(mode):
 def test_another_major_version_is_left_alone(monkeypatch):
     import importlib.metadata
 
-    from openenv_gym.adapters import ors_serve
+    from openenv_gym.adapters.local_servers import serve
 
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
     from sse_starlette.sse import EventSourceResponse
 
     before = EventSourceResponse.__call__
-    assert ors_serve.lean_sse() is False and EventSourceResponse.__call__ is before
+    assert serve.lean_sse() is False and EventSourceResponse.__call__ is before

@@ -125,7 +125,7 @@ def test_a_remote_server_is_placed_even_when_full():
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "8"])
 def test_limits_must_be_positive_integers(bad):
-    from openenv_gym.adapters.ors import ORSAdapter
+    from openenv_gym.adapters.ors.adapter import ORSAdapter
     from openenv_gym.errors import ConfigurationError
 
     for name in ("max_response_bytes", "max_json_depth"):

@@ -320,7 +320,7 @@ def test_a_single_env_by_url_runs_on_the_callers_thread_and_its_socket_outlives_
     idle far longer than the server's ping timeout (a model generating for minutes) keeps its
     episode. (Without the passes this server closes it: "1011: keepalive ping timeout".)"""
     from openenv_gym import runtime
-    from openenv_gym.adapters.openenv import OpenEnvAdapter
+    from openenv_gym.adapters.openenv.adapter import OpenEnvAdapter
 
     assert not OpenEnvAdapter(source=str(ENVS / "openenv_grid_env")).caller_thread  # a launched server: runtime loop
     # A pass a second, against uvicorn's default ping timeout of 20 s; here both scaled down ten-fold.
@@ -473,7 +473,7 @@ def test_source_over_tcp_needs_the_token():
 @pytest.mark.slow
 def test_a_vector_env_gets_enough_server_processes_for_the_sessions_one_allows(monkeypatch):
     """MAX_CONCURRENT_ENVS is per process; a vector env bigger than that gets more processes."""
-    from openenv_gym.adapters import openenv as adapter_module
+    from openenv_gym.adapters.openenv import adapter as adapter_module
 
     monkeypatch.setattr(adapter_module, "DEFAULT_MAX_CONCURRENT_ENVS", 2)
     single = gym.make("openenv/OpenEnv-v0", source=str(GRID), capacity_wait=1.0)

@@ -1,7 +1,7 @@
 """A local OpenEnv server starts without Gradio when its web UI is off, and keeps the UI when asked.
 
 OpenEnv's server package imports its Gradio web UI on import, seconds of CPU in every server
-process a local source starts. ``ors_serve`` (the script every local server runs) hides Gradio
+process a local source starts. ``local_servers/serve.py`` (the script every local server runs) hides Gradio
 for that one import when ``ENABLE_WEB_INTERFACE`` is off. Each case runs in a child process, as
 the script does, since the import state is the whole process's.
 """
@@ -23,9 +23,9 @@ ECHO = Path(__file__).resolve().parents[1] / "envs" / "openenv_echo_env"
 
 _CHILD = textwrap.dedent("""
     import json, sys
-    from openenv_gym.adapters import ors_serve
+    from openenv_gym.adapters.local_servers import serve
 
-    app = ors_serve._load_app(__import__("pathlib").Path(sys.argv[1]), "server.app:app")
+    app = serve._load_app(__import__("pathlib").Path(sys.argv[1]), "server.app:app")
     from openenv.core import env_server
     report = {"app": type(app).__name__, "gradio_loaded": "gradio" in sys.modules,
               "web_ui": env_server.create_web_interface_app is not None}

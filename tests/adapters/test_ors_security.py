@@ -28,7 +28,7 @@ from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn
 from openenv_gym.adapters.local_servers import group as server_groups
 from openenv_gym.adapters.local_servers import processes as server_processes
-from openenv_gym.adapters.ors import ORSAdapter
+from openenv_gym.adapters.ors.adapter import ORSAdapter
 from openenv_gym.errors import (
     BackendTimeout,
     BackendUnavailable,
@@ -58,7 +58,7 @@ def socket_dir(env: gym.Env) -> Path:
 
 def ors_serve_children() -> set[int]:
     """PIDs of the ORS servers this test process launched and that are still running."""
-    return {p for p in procs.children(os.getpid()) if "ors_serve" in procs.cmdline(p)}
+    return {p for p in procs.children(os.getpid()) if "local_servers/serve.py" in procs.cmdline(p)}
 
 
 def tcp_listening_inodes() -> set[str]:

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym.adapters.local_servers import group as server_groups
-from openenv_gym.adapters.openenv import OpenEnvAdapter
-from openenv_gym.adapters.ors import ORSAdapter
+from openenv_gym.adapters.openenv.adapter import OpenEnvAdapter
+from openenv_gym.adapters.ors.adapter import ORSAdapter
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.testing import procs
 
@@ -54,7 +54,7 @@ def served(obs) -> list[tuple[int, int]]:
 
 def serve_children() -> set[int]:
     """Server processes this test process launched that are still running."""
-    return {p for p in procs.children(os.getpid()) if "ors_serve" in procs.cmdline(p)}
+    return {p for p in procs.children(os.getpid()) if "local_servers/serve.py" in procs.cmdline(p)}
 
 
 def wait_dead(pids, seconds: float = 20.0) -> list[int]:

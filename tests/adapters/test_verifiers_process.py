@@ -25,7 +25,7 @@ import pytest
 
 import openenv_gym  # noqa: F401 - registers openenv/Verifiers-v0
 from openenv_gym import runtime
-from openenv_gym.adapters.verifiers_process import ProcessState
+from openenv_gym.adapters.verifiers.process import ProcessState
 from openenv_gym.errors import ConfigurationError
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
@@ -80,7 +80,7 @@ def test_building_a_v0_env_never_touches_the_process_handlers_from_any_thread(tm
     """Not even for the duration of the build: seen from inside ``load_environment``, after the
     library asked for its SIGINT/SIGTERM handlers."""
     needs_v0()
-    from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter
+    from openenv_gym.adapters.verifiers.v0 import VerifiersV0Adapter
 
     (tmp_path / "vf_probe_signals.py").write_text(PROBED_V0)
     source = str(tmp_path / "vf_probe_signals.py")
@@ -122,7 +122,7 @@ def test_building_a_v0_env_never_touches_the_process_handlers_from_any_thread(tm
 def test_a_closed_v0_env_is_not_kept_alive_by_an_exit_hook(tmp_path: Path) -> None:
     """The library registers the env's teardown with atexit; after close() nothing holds the env."""
     needs_v0()
-    from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter
+    from openenv_gym.adapters.verifiers.v0 import VerifiersV0Adapter
 
     (tmp_path / "vf_probe_atexit.py").write_text(PROBED_V0)
     adapter = VerifiersV0Adapter(source=str(tmp_path / "vf_probe_atexit.py"))
@@ -135,7 +135,7 @@ def test_a_closed_v0_env_is_not_kept_alive_by_an_exit_hook(tmp_path: Path) -> No
 
 
 def test_a_v1_source_is_importable_while_open_and_gone_after_close(tmp_path: Path) -> None:
-    from openenv_gym.adapters import verifiers_v1
+    from openenv_gym.adapters.verifiers import v1 as verifiers_v1
 
     try:
         verifiers_v1._import_v1()

@@ -32,7 +32,7 @@ if not hasattr(vf, "__version__") or not vf.__version__.startswith(("0.2", "0.3"
 
 from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
-from openenv_gym.adapters.verifiers_v0 import VerifiersV0Adapter  # noqa: E402
+from openenv_gym.adapters.verifiers.v0 import VerifiersV0Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.errors import (  # noqa: E402
     BackendTimeout,
@@ -366,7 +366,7 @@ def test_vector_env_rewards_equal_single_env_rewards(guess):
 
     others = runtime_tasks()
     handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
-    envs = make_vector(4, AdapterSpec("openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter", {"source": GUESS}))
+    envs = make_vector(4, AdapterSpec("openenv_gym.adapters.verifiers.v0:VerifiersV0Adapter", {"source": GUESS}))
     try:
         # built on the runtime thread (not the main one): construction works, handlers untouched
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
@@ -600,7 +600,7 @@ def test_the_librarys_own_offloads_run_on_the_episodes_loop_and_a_tools_stay_in_
         return runtime.run_sync(which(), 10)
 
     where.clear()
-    envs = make_vector(2, AdapterSpec("openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter", {"source": SLOW}),
+    envs = make_vector(2, AdapterSpec("openenv_gym.adapters.verifiers.v0:VerifiersV0Adapter", {"source": SLOW}),
                        step_timeout=5)
     try:
         envs.reset(seed=0, options={"index": 0})
@@ -690,7 +690,7 @@ def test_a_forgotten_close_of_a_single_env_leaves_no_task_or_thread():
 def test_tool_specs_follow_the_tools_each_episode_gets():
     # The library gives each episode a new list of the env's same Tool objects: the specs are
     # converted once, yet every call returns its own copy, and a different set is converted anew.
-    from openenv_gym.adapters.verifiers_v0 import _ToolCache
+    from openenv_gym.adapters.verifiers.v0 import _ToolCache
 
     add = vf.Tool(name="add", description="Add", parameters={"type": "object", "properties": {"a": {"type": "integer"}}})
     mul = vf.Tool(name="mul", description="Multiply", parameters={"type": "object", "properties": {}})

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from openenv_gym.adapters import verifiers_v1 as v1mod
+from openenv_gym.adapters.verifiers import v1 as v1mod
 from openenv_gym.errors import ConfigurationError, TaskNotFound
 from openenv_gym.testing import procs
 
@@ -42,8 +42,8 @@ except ConfigurationError as _exc:
 
 from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
-from openenv_gym.adapters.verifiers_process import importable  # noqa: E402
-from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
+from openenv_gym.adapters.verifiers.process import importable  # noqa: E402
+from openenv_gym.adapters.verifiers.v1 import VerifiersV1Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 
@@ -341,7 +341,7 @@ def test_vector_env_rewards_equal_single_envs(arith_rewards: dict) -> None:
     from openenv_gym import vector
 
     before = set(descendants())
-    envs = vector.make(3, AdapterSpec("openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter", {"source": str(ARITH)}))
+    envs = vector.make(3, AdapterSpec("openenv_gym.adapters.verifiers.v1:VerifiersV1Adapter", {"source": str(ARITH)}))
     try:
         obs, infos = envs.reset(seed=[0, 1, 2])
         indices = list(infos["index"])
@@ -373,7 +373,7 @@ def test_http_transport_gives_the_same_rewards(arith_rewards: dict) -> None:
 
 def test_the_handoff_serves_calls_in_order_one_at_a_time() -> None:
     """The object where the library's model calls meet the agent's actions, on its own."""
-    from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
+    from openenv_gym.adapters.verifiers.v1_handoff import CallRouter, Handoff
     from openenv_gym.errors import BackendError
 
     async def scenario() -> None:
@@ -464,7 +464,7 @@ def test_bad_arguments() -> None:
 
 def _resolve_source(source: Path) -> tuple[Path, str]:
     """(import root, module) of a source, as the v1 adapter resolves it (the shared resolver)."""
-    from openenv_gym.importers.verifiers import resolve_source
+    from openenv_gym.adapters.verifiers.detect import resolve_source
 
     found = resolve_source(source, noun="taskset")
     return found.root, found.module
@@ -533,8 +533,8 @@ def test_the_http_policy_endpoint_answers_only_requests_with_its_key() -> None:
     before it reaches an episode (the library's own client sends the key: the test above)."""
     import aiohttp
 
-    from openenv_gym.adapters.verifiers_v1_handoff import CallRouter
-    from openenv_gym.adapters.verifiers_v1_servers import POLICY_KEY_HEADER, PolicyHTTPServer
+    from openenv_gym.adapters.verifiers.v1_handoff import CallRouter
+    from openenv_gym.adapters.verifiers.v1_servers import POLICY_KEY_HEADER, PolicyHTTPServer
 
     async def scenario() -> None:
         server = PolicyHTTPServer(CallRouter())

@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from openenv_gym.adapters import verifiers_v1 as v1mod
+from openenv_gym.adapters.verifiers import v1 as v1mod
 from openenv_gym.errors import ConfigurationError, DetectionError
 
 try:
@@ -34,10 +34,10 @@ from PIL import Image  # noqa: E402 - verifiers.v1 brings pillow (its multimodal
 
 import openenv_gym  # noqa: E402,F401 - registers openenv/Verifiers-v0
 from openenv_gym import runtime  # noqa: E402
-from openenv_gym.adapters.verifiers_process import importable  # noqa: E402
-from openenv_gym.adapters.verifiers_v1 import VerifiersV1Adapter  # noqa: E402
+from openenv_gym.adapters.verifiers.detect import detect_verifiers  # noqa: E402
+from openenv_gym.adapters.verifiers.process import importable  # noqa: E402
+from openenv_gym.adapters.verifiers.v1 import VerifiersV1Adapter  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
-from openenv_gym.importers.verifiers import detect_verifiers  # noqa: E402
 from openenv_gym.importing import import_source  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from uv import find_uv_bin
 
+from openenv_gym.adapters.verifiers.detect import discover_installed
 from openenv_gym.importers.discovery import module_locations, top_modules
-from openenv_gym.importers.verifiers import discover_installed
 
 pytestmark = pytest.mark.timeout(600)  # uv builds the projects (build isolation fetches the backends)
 

@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 
 import openenv_gym  # noqa: F401
 from openenv_gym import cli
-from openenv_gym.errors import DetectionError, SourceNotFound
-from openenv_gym.importers import detect
-from openenv_gym.importers.openenv import (
+from openenv_gym.adapters.openenv.detect import (
     discover_installed,
     looks_like_openenv,
     read_manifest,
     resolve_source,
 )
-from openenv_gym.importers.ors import looks_like_ors
+from openenv_gym.adapters.ors.detect import looks_like_ors
+from openenv_gym.errors import DetectionError, SourceNotFound
+from openenv_gym.importers import detect
 from openenv_gym.importing import import_source
 from openenv_gym.registration import env_info, register_catalog, register_discovered
 
@@ -117,7 +117,7 @@ def test_import_list_and_info_show_the_manifest(capsys):
     assert info["kwargs"]["manifest"] == {
         "name": "grid_env", "version": "0.2.0", "description": "A 3x3 grid; walk from (0, 0) to (2, 2)",
         "type": "space", "runtime": "fastapi", "app": "server.app:app", "port": 8000, "spec_version": 1}
-    assert info["kwargs"]["adapter"] == "openenv_gym.adapters.openenv:OpenEnvAdapter"
+    assert info["kwargs"]["adapter"] == "openenv_gym.adapters.openenv.adapter:OpenEnvAdapter"
 
 
 def test_import_source_records_the_kind(tmp_path):

@@ -1,4 +1,4 @@
-"""Static ORS detection (openenv_gym.importers.ors) and the import dispatcher's errors.
+"""Static ORS detection (openenv_gym.adapters.ors.detect) and the import dispatcher's errors.
 
 Every source is a real file written into tmp_path; detection must never run it.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from openenv_gym.adapters.ors.detect import ORSDetection, ServerCall, detect_ors, looks_like_ors
 from openenv_gym.errors import AmbiguousSource, DetectionError, InvalidName, SourceNotFound
 from openenv_gym.importers import Detected, detect
 from openenv_gym.importers.catalog import load_catalog
-from openenv_gym.importers.ors import ORSDetection, ServerCall, detect_ors, looks_like_ors
 from openenv_gym.importing import import_source
 
 # A complete environment body (required methods) to append to test classes.

@@ -13,9 +13,9 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+from openenv_gym.adapters.verifiers.detect import detect_verifiers, discover_installed, resolve_source
 from openenv_gym.errors import AmbiguousSource, ConfigurationError, DetectionError, SourceNotFound
 from openenv_gym.importers import detect
-from openenv_gym.importers.verifiers import detect_verifiers, discover_installed, resolve_source
 
 V0 = """
 import verifiers as vf
@@ -176,7 +176,7 @@ def test_discovery_finds_packages_that_depend_on_verifiers_and_caches(tmp_path, 
     found = discover_installed([str(site)])
     assert [(e["name"], e["module"], e["generation"]) for e in found] == [("vf-arith", "vf_arith", "v0")]
 
-    import openenv_gym.importers.verifiers as mod
+    import openenv_gym.adapters.verifiers.detect as mod
 
     def no_scan(paths):
         raise AssertionError("the cache should have answered")
@@ -207,7 +207,7 @@ def test_discovered_packages_are_registered_on_import(tmp_path, monkeypatch):
     ids = register_discovered()
     assert "openenv/vf-arith-v0" in ids
     spec = gym.registry["openenv/vf-arith-v0"]
-    assert spec.kwargs == {"adapter": "openenv_gym.adapters.verifiers:adapter_spec", "env_id": "vf_arith",
+    assert spec.kwargs == {"adapter": "openenv_gym.adapters.verifiers.adapter:adapter_spec", "env_id": "vf_arith",
                            "generation": "v0"}
     assert spec.entry_point == "openenv_gym.registration:make_env"
     assert spec.vector_entry_point == "openenv_gym.registration:make_vec"

@@ -77,11 +77,11 @@ def test_one_mixture_plays_arithmetic_a_legacy_env_and_a_v1_taskset_each_under_i
     legacy, tasks = "openenv/VfLegacy-v0", "openenv/VfTasks-v0"
     gym.register(legacy, entry_point="openenv_gym.registration:make_env",
                  vector_entry_point="openenv_gym.registration:make_vec",
-                 kwargs={"adapter": "openenv_gym.adapters.verifiers:adapter_spec",
+                 kwargs={"adapter": "openenv_gym.adapters.verifiers.adapter:adapter_spec",
                          "source": str(ENVS / "verifiers_v0" / "vf_arith.py")})
     gym.register(tasks, entry_point="openenv_gym.registration:make_env",
                  vector_entry_point="openenv_gym.registration:make_vec",
-                 kwargs={"adapter": "openenv_gym.adapters.verifiers:adapter_spec", "source": str(v1), "isolate": True})
+                 kwargs={"adapter": "openenv_gym.adapters.verifiers.adapter:adapter_spec", "source": str(v1), "isolate": True})
     before = set(procs.descendants())
     mix = openenv_gym.make_mixture({ARITH: 2, legacy: 2, tasks: 2})
     try:

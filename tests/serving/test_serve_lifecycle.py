@@ -36,7 +36,7 @@ def test_a_signal_stops_the_server_with_its_sessions_open_and_leaves_nothing(ser
     served = serve_process(ARITHMETIC, "--max-sessions", "4")
     assert served.url.startswith("http://127.0.0.1:")
     started = procs.descendants(served.pid)
-    assert any("ors_serve" in procs.cmdline(p) for p in started), "the env's local server runs under the server"
+    assert any("local_servers/serve.py" in procs.cmdline(p) for p in started), "the env's local server runs under the server"
     for index in range(3):
         _create(served.url, served.headers, index)  # episodes left running
     assert served.stop(sig) == 0  # stop() also checks that no process it started is left
@@ -129,7 +129,7 @@ def test_interrupted_while_starting_leaves_nothing():
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any("ors_serve" in procs.cmdline(p)
+        while time.monotonic() < deadline and not any("local_servers/serve.py" in procs.cmdline(p)
                                                       for p in procs.descendants(process.pid)):
             time.sleep(0.02)  # its env's server is starting
         children = procs.descendants(process.pid)

@@ -300,7 +300,7 @@ def test_a_killed_env_server_is_a_readable_error_and_the_next_session_recovers(s
         env = client.environment("arithmetic")
         with env.session(split="train", index=0) as session:
             session.call_tool("calculator", {"expression": "1+1"})
-            (backend,) = [p for p in procs.descendants(served.pid) if "ors_serve" in procs.cmdline(p)]
+            (backend,) = [p for p in procs.descendants(served.pid) if "local_servers/serve.py" in procs.cmdline(p)]
             os.kill(backend, signals.SIGKILL)
             with pytest.raises(RuntimeError, match="(?i)connect|reach|closed|exited"):
                 session.call_tool("calculator", {"expression": "2+2"})

@@ -83,7 +83,7 @@ children, descendants, cmdline = procs.children, procs.descendants, procs.cmdlin
 
 def server_pids(actor_pid):
     """The ORS servers an actor launched (children of its worker process)."""
-    return [p for p in children(actor_pid) if "ors_serve" in cmdline(p)]
+    return [p for p in children(actor_pid) if "local_servers/serve.py" in cmdline(p)]
 
 
 def wait_dead(pids, timeout=15.0):

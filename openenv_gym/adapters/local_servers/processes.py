@@ -1,6 +1,6 @@
 """One local server process (a worker): its private directory, launch, readiness, log and stop.
 
-A worker runs :mod:`openenv_gym.adapters.ors_serve` in a child process: the SDK's own ``Server``
+A worker runs :mod:`openenv_gym.adapters.local_servers.serve` in a child process: the SDK's own ``Server``
 for an ORS class, or an ASGI app (an OpenEnv environment's ``server.app:app``) under uvicorn.
 Nobody else on the machine may use it (``/task`` holds the answers, a session is an episode in
 progress), so each worker lives in its own private directory (``mkdtemp``, mode 0700) and by
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import shutil
 import socket
 import stat
@@ -30,14 +29,15 @@ from pathlib import Path
 
 import httpx
 
-from openenv_gym.adapters.ors_serve import CAPACITY_FILE, TOKEN_ENV
-from openenv_gym.adapters.ors_transport import make_client
+from openenv_gym.adapters.local_servers.serve import CAPACITY_FILE, TOKEN_ENV
+from openenv_gym.adapters.net.client import make_client
 from openenv_gym.errors import BackendTimeout, BackendUnavailable
 from openenv_gym.processes import is_stopped, proc_state, process_start_time
+from openenv_gym.tokens import new_token
 
 __all__ = ["Launch", "Worker", "spawn", "wait_ready", "all_ready", "sweep_stale", "LOG_MAX_BYTES", "LISTEN_MODES"]
 
-_SERVE_SCRIPT = Path(__file__).parent.with_name("ors_serve.py")
+_SERVE_SCRIPT = Path(__file__).with_name("serve.py")
 _PREFIX = "openenv-gym-ors-"
 _SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
 
@@ -270,7 +270,7 @@ def sweep_stale() -> list[Path]:
 def spawn(launch: Launch, label: str | None = None) -> Worker:
     """Start one server process for ``launch`` (not waiting for it: see :func:`wait_ready`)."""
     workdir = make_workdir()
-    token = secrets.token_urlsafe(32) if launch.listen == "tcp" else None
+    token = new_token() if launch.listen == "tcp" else None
     env = dict(os.environ, OPENREWARD_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1", **launch.env)
     env.pop(TOKEN_ENV, None)
     what = ["--app", launch.app] if launch.app else ["--module-file", launch.module_file, "--class", launch.env_class]

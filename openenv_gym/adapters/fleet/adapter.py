@@ -41,7 +41,15 @@ from typing import Any
 from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn, no_tool_call, refuse_call, tool_message, unreadable_reply, user_message
 from openenv_gym.adapters.base import Adapter, Episode
-from openenv_gym.adapters.mcp import MCPConnection, result_content, tool_spec
+from openenv_gym.adapters.fleet.detect import (
+    MODALITIES,
+    SPLIT_TYPES,
+    load_tasks,
+    normalize_task,
+    split_version,
+    verifier_name,
+)
+from openenv_gym.adapters.fleet.mcp import MCPConnection, result_content, tool_spec
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -50,14 +58,6 @@ from openenv_gym.errors import (
     ProvisioningError,
     ServerError,
     TaskNotFound,
-)
-from openenv_gym.importers.fleet import (
-    MODALITIES,
-    SPLIT_TYPES,
-    load_tasks,
-    normalize_task,
-    split_version,
-    verifier_name,
 )
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 

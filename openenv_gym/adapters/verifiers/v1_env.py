@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from openenv_gym.adapters.verifiers.detect import MULTI_AGENT_HINT
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.importers.verifiers import MULTI_AGENT_HINT
 
 __all__ = ["EpisodeResult", "SecondRollout", "agent_seats", "check_single_agent", "play_episode",
            "scripts_its_own_turns", "seat_agent_class"]

@@ -2,7 +2,7 @@
 
 An OpenEnv server hosts one environment instance per WebSocket at ``/ws``; ``reset`` starts an
 episode on it and every ``step`` sends one action. This adapter speaks that protocol itself
-(:mod:`openenv_gym.adapters.openenv_transport`), one connection per episode, and never the
+(:mod:`openenv_gym.adapters.openenv.transport`), one connection per episode, and never the
 stateless HTTP ``/reset`` ``/step`` (every request there builds a fresh environment). The mapping
 onto the Gymnasium contract (docs/backends.md, OpenEnv):
 
@@ -40,7 +40,7 @@ env asking (``expected_sessions``, which ``gym.make_vec`` passes): each episode'
 the worker with the fewest episodes in flight (ties round-robin) among those with room, whose
 environment instance it then holds to the end, and idle sockets are pooled per worker. With
 ``in_process=True`` a ``source``'s environment runs in this process instead
-(:mod:`openenv_gym.adapters.openenv_inprocess`): the same calls, answered without a socket.
+(:mod:`openenv_gym.adapters.openenv.inprocess`): the same calls, answered without a socket.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
 from openenv_gym.adapters.local_servers.group import Server
-from openenv_gym.adapters.openenv_inprocess import HereChannel, InProcessOpenEnv, load_parts
-from openenv_gym.adapters.openenv_transport import (
+from openenv_gym.adapters.openenv.inprocess import HereChannel, InProcessOpenEnv, load_parts
+from openenv_gym.adapters.openenv.transport import (
     ActionRejected,
     CapacityReached,
     Channel,
@@ -267,7 +267,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
             ``info`` and by ``openenv-gym info``; nothing else depends on them).
         in_process: run a ``source``'s environment in this process: the class its app gave
             ``create_app``, driven as OpenEnv's server drives it, with no server and no socket
-            (:mod:`~openenv_gym.adapters.openenv_inprocess`). Cheaper per step; nothing of a
+            (:mod:`~openenv_gym.adapters.openenv.inprocess`). Cheaper per step; nothing of a
             process boundary protects this process from the environment's code.
     """
 
@@ -344,7 +344,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
     async def start(self) -> None:
         self.endpoint.check_open()
         if self.source is not None and self.in_process:
-            from openenv_gym.importers.openenv import resolve_source
+            from openenv_gym.adapters.openenv.detect import resolve_source
 
             found = resolve_source(self.source)
             self._here = InProcessOpenEnv(load_parts(str(Path(found.root).resolve()), found.app),
@@ -359,7 +359,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
         await self._discover()
 
     async def _launch(self) -> None:
-        from openenv_gym.importers.openenv import resolve_source
+        from openenv_gym.adapters.openenv.detect import resolve_source
 
         assert self.source is not None
         found = resolve_source(self.source)

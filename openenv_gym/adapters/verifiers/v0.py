@@ -58,7 +58,8 @@ import msgspec
 from openenv_gym.actions import ParsedCall, Turn, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.modules import exec_file
-from openenv_gym.adapters.verifiers_process import STATE, building_v0_env
+from openenv_gym.adapters.verifiers.detect import SourceModule, resolve_source
+from openenv_gym.adapters.verifiers.process import STATE, building_v0_env
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -67,7 +68,6 @@ from openenv_gym.errors import (
     ServerError,
     TaskNotFound,
 )
-from openenv_gym.importers.verifiers import SourceModule, resolve_source
 from openenv_gym.runtime import INLINE_OFFLOADS
 from openenv_gym.wire import Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
@@ -240,7 +240,7 @@ def _import_source(found: SourceModule) -> None:
     """Import the source's file as its module unless that exact file is already imported under the name.
 
     Its folder (a package's parent) must be an import root held in
-    :data:`~openenv_gym.adapters.verifiers_process.STATE` (on ``sys.path`` for the module's own
+    :data:`~openenv_gym.adapters.verifiers.process.STATE` (on ``sys.path`` for the module's own
     sibling imports, and undone when the adapter closes). Loading from the file (rather than by
     name through ``sys.path``) means the source given is the one used even when another folder
     on ``sys.path`` has a module of the same name; a same-named module from another file is
@@ -377,7 +377,7 @@ class VerifiersV0Adapter(Adapter):
             ``_``).
         source: a module file (``my_env.py``), a package folder, or a project folder (the
             upstream layout ``my-env/my_env.py``, or ``my-env/my_env/__init__.py``): any layout
-            :func:`openenv_gym.importers.verifiers.resolve_source` accepts. Its folder (or the
+            :func:`openenv_gym.adapters.verifiers.detect.resolve_source` accepts. Its folder (or the
             package's parent) is put on ``sys.path`` unless already there, the module name
             comes from the path, and the module is imported from that file (replacing a
             same-named module from elsewhere in ``sys.modules``), until :meth:`aclose`.
@@ -402,7 +402,7 @@ class VerifiersV0Adapter(Adapter):
     **Construction happens here, in the calling thread, any thread.** ``Environment.__post_init__``
     installs SIGINT/SIGTERM handlers and an ``atexit`` teardown: off the main thread that raises,
     in the main thread it replaces the process's handlers. The adapter builds the env inside
-    :func:`~openenv_gym.adapters.verifiers_process.building_v0_env`, which records those calls
+    :func:`~openenv_gym.adapters.verifiers.process.building_v0_env`, which records those calls
     for the building thread instead, so construction works in any thread (a vector env builds
     its adapters on the runtime loop's thread; a Ray actor runs methods in worker threads) and
     no handler of the process changes (Ctrl-C keeps raising ``KeyboardInterrupt`` in a gym

@@ -1,19 +1,19 @@
 """HTTP and SSE to one ORS server, behind one error boundary.
 
-The ORS episode logic (:mod:`openenv_gym.adapters.ors`) never touches the HTTP client: it asks an
+The ORS episode logic (:mod:`openenv_gym.adapters.ors.adapter`) never touches the HTTP client: it asks an
 :class:`ORSTransport` to send a request, fetch and decode an answer, or run a tool call (an SSE
 stream, resumed by its ``task_id`` when it drops). Bodies are encoded with one reused msgspec
 encoder; answers are decoded into the wire structs below, which hold only what the adapter reads.
 
 The clients under it were chosen by measurement (``benchmarks/vector.py --only client``). Every
 request to a plain-HTTP server without a proxy (``http://`` or ``unix:``; every local server)
-runs on :mod:`openenv_gym.adapters.http1`'s own keep-alive connections: aiohttp's request
+runs on :mod:`openenv_gym.adapters.net.http1`'s own keep-alive connections: aiohttp's request
 machinery was the largest part of the client's CPU at 64 concurrent sessions. Requests over TLS
 or a proxy run on aiohttp: at 64 concurrent
 sessions httpx spent several times aiohttp's client CPU per env-step, most of it in httpcore's
 pool scanning every connection for each request and in anyio's per-request cancel scopes. Other,
 colder paths (health checks, OpenEnv's HTTP endpoints, policies) keep httpx through
-:func:`make_client`.
+:func:`openenv_gym.adapters.net.client.make_client`.
 
 Foreign exceptions are translated in one place, :meth:`ORSTransport.errors`, most specific first::
 
@@ -48,7 +48,6 @@ import codecs
 import functools
 import netrc
 import os
-import ssl
 import urllib.request
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,12 +55,12 @@ from typing import Any, NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
-import httpx
 import msgspec
 
 from openenv_gym import runtime
-from openenv_gym.adapters import http1
 from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
+from openenv_gym.adapters.net import http1
+from openenv_gym.adapters.net.client import ssl_context
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,
@@ -79,7 +78,6 @@ __all__ = [
     "Reply",
     "NotJSON",
     "raise_for_status",
-    "make_client",
     "Block",
     "ToolOutput",
     "RunToolResult",
@@ -255,40 +253,6 @@ def _retry_after(exc: BaseException) -> float | None:
     return exc.after if isinstance(exc, _Retry503) else None
 
 
-# -- clients ----------------------------------------------------------------------------------------
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    # Built once per process: each httpx client would otherwise build its own (~10 ms), which
-    # dominates starting a vector env of 1,024 sub-envs over 128 clients.
-    return ssl.create_default_context()
-
-
-def make_client(
-    url: str,
-    *,
-    timeout: httpx.Timeout | float,
-    headers: dict[str, str] | None = None,
-    limits: httpx.Limits | None = None,
-    local: bool = False,
-) -> httpx.AsyncClient:
-    """An httpx client for ``url``: ``http(s)://host[:port]`` or ``unix:<socket path>``.
-
-    ``local`` (a server this process launched) turns off proxies from the environment.
-    """
-    limits = limits or httpx.Limits()
-    if url.startswith("unix:"):
-        path = url[len("unix:"):]
-        if path.startswith("//"):
-            path = path[2:]
-        # The shared SSL context: httpx would build one per transport (~1 ms and ~0.8 MiB each,
-        # 100 MiB over the 128 clients of 1,024 sub-envs), though a Unix socket never uses TLS.
-        transport = httpx.AsyncHTTPTransport(uds=path, limits=limits, verify=_ssl_context())
-        return httpx.AsyncClient(base_url="http://ors", transport=transport, timeout=timeout, headers=headers,
-                                 trust_env=False)
-    return httpx.AsyncClient(base_url=url, verify=_ssl_context(), timeout=timeout, headers=headers,
-                             limits=limits, trust_env=not local)
-
-
 # -- the transport ----------------------------------------------------------------------------------
 _JSON = {"Content-Type": "application/json"}
 _SSE = {"Accept": "text/event-stream", "Content-Type": "application/json"}
@@ -419,7 +383,7 @@ class ORSTransport:
             connector = aiohttp.UnixConnector(path=path[2:] if path.startswith("//") else path, limit=max_connections)
             self._base = "http://ors"
         else:
-            connector = aiohttp.TCPConnector(limit=max_connections, ssl=_ssl_context())
+            connector = aiohttp.TCPConnector(limit=max_connections, ssl=ssl_context())
             self._base = url.rstrip("/")
         environment = FromEnvironment({}, {}) if local or url.startswith("unix:") else from_environment(self._base, headers)
         self._options = environment.request
@@ -597,7 +561,7 @@ class ORSTransport:
             pass  # the server's reaper ends the session after 900 s idle
 
     # -- the ORS routes the adapter uses (an env run in this process answers the same calls:
-    # -- openenv_gym.adapters.ors_inprocess) --------------------------------------------------------
+    # -- openenv_gym.adapters.ors.inprocess) --------------------------------------------------------
     async def environments(self) -> list[str]:
         return await self.request("GET", "/list_environments", decode=list[str])
 

@@ -2,7 +2,7 @@
 
 :func:`resolve_source` is the one place that turns a source path into the module to import and
 the directory to import it from; the importer (:func:`detect_verifiers`) and both adapters
-(:mod:`openenv_gym.adapters.verifiers_v0`, :mod:`openenv_gym.adapters.verifiers_v1`) use it.
+(:mod:`openenv_gym.adapters.verifiers.v0`, :mod:`openenv_gym.adapters.verifiers.v1`) use it.
 
 Verifiers has two incompatible generations (docs/backends.md, "Verifiers"), told apart here from
 the syntax tree alone (nothing is imported or run):
@@ -37,6 +37,7 @@ from pathlib import Path
 import msgspec
 
 from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
+from openenv_gym.importers import Detected
 from openenv_gym.importers.discovery import cache_dir, cached_scan, module_locations
 from openenv_gym.importers.pysource import (
     Module,
@@ -443,3 +444,14 @@ def discover_installed(paths: list[str] | None = None, *, use_cache: bool = True
     that set (an install, an upgrade, an uninstall) invalidates it.
     """
     return cached_scan(cache_path(), _scan, paths, use_cache=use_cache)
+
+
+# -- the kind's detector, named by its descriptor -------------------------------------------------
+
+def verifiers_source(source: Path, env_class: str | None) -> Detected:
+    """The Verifiers environment (either generation) ``source`` defines."""
+    found = detect_verifiers(source)
+    if env_class is not None and env_class != found.entry:
+        raise DetectionError(f"{source} defines {found.entry}, not {env_class!r}")
+    return Detected(kind="verifiers", env_class=found.entry, env_name=found.module,
+                    module_file=Path(found.path).name, sdk=found.generation, source=found.path)

@@ -6,7 +6,7 @@ multidicts, a writer task per request, a timer per read) was the largest part of
 CPU at 64 concurrent sessions (``benchmarks/vector.py --only client``: 426 us per env-step on
 aiohttp, 268 us on these connections). Here a request is one ``write`` of pre-rendered bytes
 and the answer is parsed in C by httptools (llhttp, the parser uvicorn serves with) as it
-arrives. :class:`~openenv_gym.adapters.ors_transport.ORSTransport` uses it for every request to
+arrives. :class:`~openenv_gym.adapters.ors.transport.ORSTransport` uses it for every request to
 ``http://`` and ``unix:`` servers reached without a proxy (every local server, and the usual
 remote one on a cluster); TLS and proxies keep aiohttp.
 

@@ -21,9 +21,9 @@ time of its last request), and calls the public methods of :class:`ORSAdapter`, 
 protocol. Where requests go (a remote ``url``, or a local ``source`` served privately in
 ``server_workers`` processes, each session routed to the one that created it) and the adapter's
 lifecycle are an :class:`~openenv_gym.adapters.local_servers.Endpoint`; every HTTP/SSE call and
-the translation of its failures live in :mod:`openenv_gym.adapters.ors_transport`. With
+the translation of its failures live in :mod:`openenv_gym.adapters.ors.transport`. With
 ``in_process=True`` an ors-sdk source's class answers the same calls in this process
-(:mod:`openenv_gym.adapters.ors_inprocess`), so the episode logic here is one code for both.
+(:mod:`openenv_gym.adapters.ors.inprocess`), so the episode logic here is one code for both.
 """
 
 from __future__ import annotations
@@ -45,26 +45,26 @@ from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.limits import DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_RESPONSE_BYTES, Limits, positive
 from openenv_gym.adapters.local_servers import Endpoint, Lease, ServerReport, Worker
 from openenv_gym.adapters.local_servers.group import Server
-from openenv_gym.adapters.ors_inprocess import InProcessORS, load_class
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.inprocess import InProcessORS, load_class
+from openenv_gym.adapters.ors.transport import (
     Block as _Block,
 )
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     ListTools as _ListTools,
 )
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     NotJSON,
     ORSTransport,
     Timeouts,
     encode,
 )
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     RunToolResult as _RunToolResult,
 )
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     TerminalTool as _TerminalTool,
 )
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     ToolOutput as _ToolOutput,
 )
 from openenv_gym.errors import BackendError, ConfigurationError, SourceNotFound
@@ -107,7 +107,7 @@ class ORSAdapter(ServerReport, Adapter):
         source: a local file or folder defining the Environment class (served in a subprocess,
             or run in this process with ``in_process``).
         in_process: run an ors-sdk class from ``source`` in this process, on the runtime loop,
-            instead of serving it in a subprocess (:mod:`~openenv_gym.adapters.ors_inprocess`):
+            instead of serving it in a subprocess (:mod:`~openenv_gym.adapters.ors.inprocess`):
             no HTTP round trip per call, but no process boundary either (a tool that blocks holds
             up the loop, as it holds up the SDK's own server). Not with ``url=``.
         env_class: the class to serve from ``source`` (required when it defines several).
@@ -357,7 +357,7 @@ class ORSAdapter(ServerReport, Adapter):
 
         A stream that drops after the server announced the call's ``task_id`` is resumed with
         that id (the server replays the result without running the tool again). Arguments that
-        cannot be JSON raise :class:`~openenv_gym.adapters.ors_transport.NotJSON` before anything
+        cannot be JSON raise :class:`~openenv_gym.adapters.ors.transport.NotJSON` before anything
         is sent. Timeouts say which limit fired: ``call_timeout`` for the call as a whole, or
         ``connect_timeout``/``read_timeout`` for one request.
         """

@@ -1,6 +1,6 @@
 """Importing ``verifiers.v1``, telling before anything runs whether it can run a taskset, and its errors.
 
-The v1 adapter (:mod:`openenv_gym.adapters.verifiers_v1`) works with every ``verifiers`` whose
+The v1 adapter (:mod:`openenv_gym.adapters.verifiers.v1`) works with every ``verifiers`` whose
 ``verifiers.v1`` has the names it uses (:data:`REQUIRED_NAMES`); a taskset may need more.
 :func:`check_source_compat` reads a taskset's source (never runs it) for the ``verifiers.v1``
 names it uses and its ``pyproject.toml`` requirement, so that a taskset written for a newer

@@ -4,7 +4,7 @@
 library's interception server (where the harness sends its model calls) and, for
 ``transport="http"``, the local OpenAI-compatible policy endpoint; and it plays each episode
 with the taskset's ``vf.Env``, whose one seat is an agent bound to them
-(:mod:`openenv_gym.adapters.verifiers_v1_env`). One asyncio task enters and leaves them all, because
+(:mod:`openenv_gym.adapters.verifiers.v1_env`). One asyncio task enters and leaves them all, because
 the library's tool servers use anyio cancel scopes that must be exited by the task that entered
 them; nothing else about that task shows outside this class.
 
@@ -21,7 +21,7 @@ How the agent's answer reaches the interception server (``transport``):
   sends, and refused (401) without the server's key: any local user can reach a loopback port.
 
 Either way each call goes to :meth:`CallRouter.answer
-<openenv_gym.adapters.verifiers_v1_handoff.CallRouter.answer>`, which hands it to its episode.
+<openenv_gym.adapters.verifiers.v1_handoff.CallRouter.answer>`, which hands it to its episode.
 Nothing here imports ``verifiers`` until a server starts.
 """
 
@@ -30,16 +30,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from openenv_gym.adapters.verifiers_process import PORT_FILES
-from openenv_gym.adapters.verifiers_v1_compat import episode_record, library_exit
-from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, play_episode, seat_agent_class
-from openenv_gym.adapters.verifiers_v1_handoff import CallRouter
+from openenv_gym.adapters.verifiers.process import PORT_FILES
+from openenv_gym.adapters.verifiers.v1_compat import episode_record, library_exit
+from openenv_gym.adapters.verifiers.v1_env import EpisodeResult, play_episode, seat_agent_class
+from openenv_gym.adapters.verifiers.v1_handoff import CallRouter
 from openenv_gym.errors import BackendError, BackendUnavailable, ConfigurationError
+from openenv_gym.tokens import Guard, new_token
 
 __all__ = ["PolicyHTTPServer", "RolloutServers", "has_client_hook", "injected_interception_class",
            "queue_client_class"]
@@ -303,7 +303,7 @@ class PolicyHTTPServer:
         self.router = router
         self.runner: Any = None
         self.base_url = ""
-        self.key = secrets.token_urlsafe(32)
+        self.key = new_token()
 
     async def start(self) -> None:
         from aiohttp import web
@@ -312,7 +312,7 @@ class PolicyHTTPServer:
         dialect = ChatDialect()
 
         async def completions(request: web.Request) -> web.StreamResponse:
-            if not secrets.compare_digest(request.headers.get(POLICY_KEY_HEADER, "").encode(), self.key.encode()):
+            if not Guard(self.key).matches(request.headers.get(POLICY_KEY_HEADER)):
                 return web.json_response({"error": {"message": "this endpoint needs its key"}}, status=401)
             body = await request.json()
             try:

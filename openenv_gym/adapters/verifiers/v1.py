@@ -20,21 +20,21 @@ How the answer reaches the library (``transport``): ``"inject"`` (default when a
 the library's interception server our queue-backed client through its **private**
 ``InterceptionServer._client`` hook (pin ``verifiers``); ``"http"`` serves an OpenAI-compatible
 endpoint on 127.0.0.1 instead, with no private hook (details in
-:mod:`openenv_gym.adapters.verifiers_v1_servers`). Either way one interception server serves
+:mod:`openenv_gym.adapters.verifiers.v1_servers`). Either way one interception server serves
 every rollout of an adapter, and each call names its rollout (the trace id), which is how the
 answer reaches the right episode of a vector env.
 
 How the code is laid out, top-down:
 
 * :class:`VerifiersV1Adapter` (here) loads the taskset, its env and its tasks, and owns one
-  :class:`~openenv_gym.adapters.verifiers_v1_servers.RolloutServers` (the shared tool servers,
+  :class:`~openenv_gym.adapters.verifiers.v1_servers.RolloutServers` (the shared tool servers,
   the interception server and the policy endpoint, entered and left by one task) and one
-  :class:`~openenv_gym.adapters.verifiers_v1_handoff.CallRouter`.
+  :class:`~openenv_gym.adapters.verifiers.v1_handoff.CallRouter`.
 * :class:`VerifiersV1Episode` (here) runs one episode of the env as a task
-  (:mod:`openenv_gym.adapters.verifiers_v1_env`: the env's hooks, our agent in its seat) and
-  plays it through its :class:`~openenv_gym.adapters.verifiers_v1_handoff.Handoff`: the one
+  (:mod:`openenv_gym.adapters.verifiers.v1_env`: the env's hooks, our agent in its seat) and
+  plays it through its :class:`~openenv_gym.adapters.verifiers.v1_handoff.Handoff`: the one
   object where the library's model call and the agent's action meet.
-* :mod:`openenv_gym.adapters.verifiers_v1_compat` imports the library and refuses, statically,
+* :mod:`openenv_gym.adapters.verifiers.v1_compat` imports the library and refuses, statically,
   tasksets it cannot run.
 
 Things a user must know (also in the class docstring):
@@ -49,7 +49,7 @@ Things a user must know (also in the class docstring):
 * ``source=`` puts the package's parent directory on ``sys.path`` and, absolute, on
   ``PYTHONPATH`` (tool servers are spawned as ``python -m <module>``) until ``close()``, which
   puts both (and ``sys.modules``, and ``PATH``) back as they were
-  (:mod:`openenv_gym.adapters.verifiers_process`).
+  (:mod:`openenv_gym.adapters.verifiers.process`).
 """
 
 from __future__ import annotations
@@ -73,19 +73,19 @@ from typing import Any
 
 from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
-from openenv_gym.adapters.verifiers_process import PORT_FILES, STATE
-from openenv_gym.adapters.verifiers_v1_compat import (
+from openenv_gym.adapters.verifiers.detect import resolve_source
+from openenv_gym.adapters.verifiers.process import PORT_FILES, STATE
+from openenv_gym.adapters.verifiers.v1_compat import (
     check_source_compat,
     guarded,
     guarded_async,
     translate_load_error,
 )
-from openenv_gym.adapters.verifiers_v1_compat import import_v1 as _import_v1
-from openenv_gym.adapters.verifiers_v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
-from openenv_gym.adapters.verifiers_v1_handoff import CallRouter, Handoff
-from openenv_gym.adapters.verifiers_v1_servers import RolloutServers
+from openenv_gym.adapters.verifiers.v1_compat import import_v1 as _import_v1
+from openenv_gym.adapters.verifiers.v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
+from openenv_gym.adapters.verifiers.v1_handoff import CallRouter, Handoff
+from openenv_gym.adapters.verifiers.v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound
-from openenv_gym.importers.verifiers import resolve_source
 from openenv_gym.pins import script_env
 from openenv_gym.tracebacks import summarize
 from openenv_gym.wire import UNBOUNDED_TASKS, Message, Opening, Outcome, Split, TaskRef, ToolSpec
@@ -126,7 +126,7 @@ class VerifiersV1Adapter(Adapter):
             (``owner/name@ver`` or a module name). Default: the name of ``source``.
         source: a taskset package folder, a module file, or a project folder holding
             ``<name>.py`` / ``<name>/__init__.py`` (any layout that
-            :func:`openenv_gym.importers.verifiers.resolve_source` accepts): the directory it is
+            :func:`openenv_gym.adapters.verifiers.detect.resolve_source` accepts): the directory it is
             imported from goes on ``sys.path`` and, absolute, on ``PYTHONPATH`` until the adapter
             closes (tool servers run as
             ``python -m <module>``). Checked statically first: a source that uses

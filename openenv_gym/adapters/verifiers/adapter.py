@@ -1,8 +1,8 @@
 """Verifiers environments: which generation a source is, whether the installed library can run
 it, and the adapter that plays it.
 
-The two generations need different adapters (:mod:`openenv_gym.adapters.verifiers_v0` for the
-legacy ``load_environment`` API, :mod:`openenv_gym.adapters.verifiers_v1` for v1 tasksets) and
+The two generations need different adapters (:mod:`openenv_gym.adapters.verifiers.v0` for the
+legacy ``load_environment`` API, :mod:`openenv_gym.adapters.verifiers.v1` for v1 tasksets) and
 different library versions: verifiers 0.4 has only v1, and 0.3.1 is the last release with the
 legacy API (docs/backends.md, "Verifiers"). Both adapters invert the library's control: its own
 rollout loop runs, and each model call it makes becomes an observation the agent's action
@@ -26,8 +26,8 @@ from openenv_gym.errors import ConfigurationError, DetectionError
 
 __all__ = ["adapter_spec", "make_adapter", "resolve_generation"]
 
-_ENTRIES = {"v0": "openenv_gym.adapters.verifiers_v0:VerifiersV0Adapter",
-            "v1": "openenv_gym.adapters.verifiers_v1:VerifiersV1Adapter"}
+_ENTRIES = {"v0": "openenv_gym.adapters.verifiers.v0:VerifiersV0Adapter",
+            "v1": "openenv_gym.adapters.verifiers.v1:VerifiersV1Adapter"}
 
 
 def _module_name(env_id: str) -> str:
@@ -37,7 +37,7 @@ def _module_name(env_id: str) -> str:
 
 def resolve_generation(env_id: str | None, source: str | os.PathLike | None) -> str:
     """``"v0"`` or ``"v1"`` for a source path or an importable environment id, found statically."""
-    from openenv_gym.importers.verifiers import detect_verifiers
+    from openenv_gym.adapters.verifiers.detect import detect_verifiers
 
     if source is not None:
         return detect_verifiers(source).generation
@@ -66,8 +66,8 @@ def adapter_spec(*, env_id: str | None = None, source: str | os.PathLike | None 
     The generation is found statically unless ``generation`` says; nothing is imported or run.
     ``kwargs`` go to the generation's adapter (``env_args``, ``max_turns`` -- the library's own
     turn limit, so a cut-off episode is still scored -- and its timeout knobs; see
-    :class:`~openenv_gym.adapters.verifiers_v0.VerifiersV0Adapter` and
-    :class:`~openenv_gym.adapters.verifiers_v1.VerifiersV1Adapter`).
+    :class:`~openenv_gym.adapters.verifiers.v0.VerifiersV0Adapter` and
+    :class:`~openenv_gym.adapters.verifiers.v1.VerifiersV1Adapter`).
     """
     if generation is None:
         generation = resolve_generation(env_id, source)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from openenv_gym.errors import ConfigurationError, DetectionError
+from openenv_gym.importers import Detected
 
 __all__ = ["looks_like_fleet", "detect_fleet_tasks", "load_tasks", "normalize_task", "verifier_name", "MODALITIES",
            "SPLIT_TYPES"]
@@ -148,3 +149,14 @@ def verifier_name(source: str) -> str:
     if not names:
         raise ConfigurationError("the verifier code defines no function")
     return "verify" if "verify" in names else names[0]
+
+
+# -- the kind's detector, named by its descriptor -------------------------------------------------
+
+def fleet_source(source: Path, env_class: str | None) -> Detected:
+    """The Fleet task set ``source`` holds."""
+    if env_class is not None:
+        raise DetectionError("a Fleet task set has no environment classes; drop --env-class")
+    tasks, _splits = detect_fleet_tasks(source)
+    return Detected(kind="fleet", env_class="", env_name=tasks[0]["env_key"], module_file=source.name,
+                    sdk="fleet-python", source=str(source))

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from openenv_gym.errors import DetectionError, SourceNotFound
+from openenv_gym.importers import Detected
 from openenv_gym.importers.discovery import cache_dir, cached_scan, top_modules
 
 __all__ = ["OpenEnvSource", "MANIFEST", "MANIFEST_FIELDS", "read_manifest", "looks_like_openenv",
@@ -203,3 +204,15 @@ def discover_installed(paths: list[str] | None = None, *, use_cache: bool = True
     fingerprint of the installed distributions; an install, upgrade or uninstall invalidates it.
     """
     return cached_scan(cache_path(), _scan, paths, use_cache=use_cache)
+
+
+# -- the kind's detector, named by its descriptor -------------------------------------------------
+
+def openenv_source(source: Path, env_class: str | None) -> Detected:
+    """The OpenEnv environment folder ``source`` is."""
+    found = detect_openenv(source)
+    if env_class is not None and env_class != found.app:
+        raise DetectionError(f"{source} serves {found.app}, not {env_class!r}")
+    return Detected(kind="openenv", env_class=found.app, env_name=found.name,
+                    module_file=found.app.partition(":")[0].replace(".", "/") + ".py",
+                    sdk=str(found.manifest.get("version") or "openenv"), source=found.folder)

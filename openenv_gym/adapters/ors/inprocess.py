@@ -2,7 +2,7 @@
 
 ``gym.make(id, in_process=True)`` (for an id whose ``source`` is an ors-sdk ``Environment``) loads
 the class here instead of serving it in a subprocess. :class:`InProcessORS` then answers the calls
-the adapter makes of :class:`~openenv_gym.adapters.ors_transport.ORSTransport` (``tools``,
+the adapter makes of :class:`~openenv_gym.adapters.ors.transport.ORSTransport` (``tools``,
 ``create``, ``prompt``, ``call_tool``, ...) with the same wire structs, so the episode logic is the
 same code either way. Why: every tool call over a local server is a loopback HTTP round trip and
 an SSE stream, both sides of which cost more than most tools; an env served again by
@@ -42,7 +42,7 @@ from typing import Any
 import msgspec
 
 from openenv_gym.adapters.modules import exec_file
-from openenv_gym.adapters.ors_transport import (
+from openenv_gym.adapters.ors.transport import (
     Block,
     ListTools,
     MessageWire,
@@ -163,7 +163,7 @@ class _Session:
 
 
 class InProcessORS:
-    """The ORS calls of :class:`~openenv_gym.adapters.ors.ORSAdapter`, answered by ``env_class`` here.
+    """The ORS calls of :class:`~openenv_gym.adapters.ors.adapter.ORSAdapter`, answered by ``env_class`` here.
 
     One instance per adapter; sessions are instances of the class, keyed by the adapter's session
     id. :meth:`aclose` tears down the ones still open.

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import msgspec
 
-from openenv_gym.errors import SourceNotFound
+from openenv_gym.errors import AmbiguousSource, DetectionError, SourceNotFound
+from openenv_gym.importers import Detected
 from openenv_gym.importers.pysource import _MAX_FILE_BYTES, _SKIP_DIRS, _Module, _parse, iter_python_files
 
 __all__ = [
@@ -597,3 +598,77 @@ def looks_like_ors(source: str | os.PathLike[str]) -> bool:
         if any((c := proj.cls(mod, n)) is not None and c.sdk for n in mod.classes):
             return True
     return False
+
+
+# -- the kind's detector, named by its descriptor -------------------------------------------------
+
+def _tool_problem(t: ToolInfo) -> str:
+    if not t.valid:
+        return f"{t.name} (dropped: needs `-> ToolOutput` and at most one parameter, a pydantic model)"
+    if not t.listed:
+        return f"{t.name} (not listed: shared=False)"
+    return t.name
+
+
+def _servable(env: EnvClassInfo) -> bool:
+    if any(t.valid and t.listed and not t.terminal for t in env.tools):
+        return True
+    # openreward accepts an environment whose only tool is its @terminal one.
+    return env.sdk == "openreward" and any(t.valid and t.terminal for t in env.tools)
+
+
+def _pick(envs: list[EnvClassInfo], env_class: str | None, where: Path) -> EnvClassInfo:
+    labels = [f"{e.module_file}:{e.class_name}" for e in envs]
+    if env_class is None:
+        if len(envs) > 1:
+            raise AmbiguousSource(
+                f"{where} defines {len(envs)} environments: {', '.join(labels)}; "
+                "pass --env-class NAME (or env_class=) to pick one"
+            )
+        return envs[0]
+    # "pkg/env.py:Cls" picks among same-named classes of different files.
+    chosen = [e for e, label in zip(envs, labels) if env_class in (e.class_name, label)]
+    if not chosen:
+        raise DetectionError(f"no environment class {env_class!r} in {where}; found: {', '.join(labels)}")
+    if len(chosen) > 1:
+        raise AmbiguousSource(
+            f"several environment classes are named {env_class!r} in {where}: "
+            f"{', '.join(f'{e.module_file}:{e.class_name}' for e in chosen)}; pass --env-class FILE:NAME"
+        )
+    return chosen[0]
+
+
+def ors_source(source: Path, env_class: str | None) -> Detected:
+    """The ORS environment class ``source`` serves (DetectionError: none, or the server would refuse it)."""
+    found = detect_ors(source)
+    if not found.envs:
+        skipped = ""
+        if found.skipped:
+            skipped = f" ({len(found.skipped)} could not be parsed: {', '.join(found.skipped)})"
+        raise DetectionError(
+            f"no ORS environment found in {source}: looked for classes deriving from ors.Environment or "
+            "openreward.environments.Environment (directly or through local base classes) with at least "
+            f"one @tool method, in {found.files_scanned} .py file(s){skipped}"
+        )
+    env = _pick(found.envs, env_class, source)
+    label = f"{env.module_file}:{env.class_name}"
+    server = "ors-sdk" if env.sdk == "ors" else "openreward"
+    if env.missing:
+        raise DetectionError(
+            f"{label} does not define {', '.join(env.missing)} (on the class or its local base classes); "
+            f"the {server} server would refuse it"
+        )
+    if not _servable(env):
+        problems = ", ".join(_tool_problem(t) for t in env.tools)
+        raise DetectionError(
+            f"{label} has no tool the {server} server would list: {problems}; "
+            "the server refuses an environment without tools"
+        )
+    return Detected(
+        kind="ors",
+        env_class=env.class_name,
+        env_name=env.env_name,
+        module_file=env.module_file,
+        sdk=env.sdk,
+        source=str(source),
+    )

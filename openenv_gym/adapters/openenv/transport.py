@@ -1,6 +1,6 @@
 """WebSocket and HTTP to one OpenEnv server, behind one error boundary.
 
-The OpenEnv episode logic (:mod:`openenv_gym.adapters.openenv`) never imports websockets or
+The OpenEnv episode logic (:mod:`openenv_gym.adapters.openenv.adapter`) never imports websockets or
 httpx: it asks an :class:`OpenEnvTransport` for a :class:`Channel` (one WebSocket to ``/ws``, which
 the server backs with one environment instance) and sends messages on it, or for a JSON answer of
 one of the server's HTTP routes (``/schema``, ``/metadata``, the task API, ``/mcp``). OpenEnv's own
@@ -55,7 +55,7 @@ import msgspec
 
 from openenv_gym import errors
 from openenv_gym.adapters.limits import DEFAULT_LIMITS, Limits, too_deep, too_large
-from openenv_gym.adapters.ors_transport import make_client
+from openenv_gym.adapters.net.client import make_client
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,

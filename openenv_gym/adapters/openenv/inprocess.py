@@ -2,7 +2,7 @@
 
 ``gym.make(id, in_process=True)`` for an OpenEnv ``source`` imports the environment's app module
 here instead of serving it with uvicorn in a subprocess. :class:`InProcessOpenEnv` then answers
-the calls the adapter makes of :class:`~openenv_gym.adapters.openenv_transport.OpenEnvTransport`
+the calls the adapter makes of :class:`~openenv_gym.adapters.openenv.transport.OpenEnvTransport`
 (``schema``, ``metadata``, the task API, ``open_channel``) and a :class:`HereChannel` answers a
 channel's ``request`` with the ``data`` an OpenEnv server's WebSocket reply would hold, so the
 episode logic is the same code either way. Why: every step over a local server is a loopback
@@ -47,7 +47,7 @@ from typing import Any
 
 import msgspec
 
-from openenv_gym.adapters.openenv_transport import ActionRejected, StepFailed, reply_error
+from openenv_gym.adapters.openenv.transport import ActionRejected, StepFailed, reply_error
 from openenv_gym.errors import (
     BackendError,
     BackendTimeout,

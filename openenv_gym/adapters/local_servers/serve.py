@@ -35,7 +35,6 @@ What the child does, and why:
 from __future__ import annotations
 
 import argparse
-import hmac
 import importlib.util
 import io
 import os
@@ -47,19 +46,24 @@ import threading
 from pathlib import Path
 from typing import Any
 
-# The process helpers' one copy, loaded by path: importing the package would run its
-# `__init__` (Gymnasium, the catalog, entry points) in every local server for nothing, and run as a
-# script the package may not be importable at all.
-_spec = importlib.util.spec_from_file_location(
-    "_openenv_gym_processes", Path(__file__).resolve().parent.parent / "processes.py")
-assert _spec is not None and _spec.loader is not None
-_processes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_processes)
+
+# The process helpers' and the token guard's one copies, loaded by path: importing the package
+# would run its `__init__` (Gymnasium, the catalog, entry points) in every local server for
+# nothing, and run as a script the package may not be importable at all.
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_openenv_gym_{name}", Path(__file__).resolve().parents[2] / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_processes, _tokens = _load("processes"), _load("tokens")
 GC_THRESHOLDS, die_with_parent, is_stopped = _processes.GC_THRESHOLDS, _processes.die_with_parent, _processes.is_stopped
 proc_state, process_start_time, tune_gc = _processes.proc_state, _processes.process_start_time, _processes.tune_gc
 
-# Run by path, this file's folder lands first on sys.path, and openenv_gym's own adapters/ors.py
-# would then shadow the ors-sdk package: take the folder out before anything imports `ors`.
+# Run by path, this file's folder lands first on sys.path, where a module of openenv_gym's could
+# shadow a package of the same name that the env imports: take the folder out before anything loads.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 
@@ -209,39 +213,6 @@ def hide_docs(app: Any) -> None:
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _HIDDEN_ROUTES]
 
 
-class RequireToken:
-    """ASGI middleware: every HTTP or WebSocket request must carry ``Authorization: Bearer <token>``.
-
-    The scheme is matched in any case (RFC 9110: schemes are case-insensitive, so ``bearer`` is
-    fine), the token in constant time (``hmac.compare_digest``); anything else gets ``401``
-    before the app sees the request. Lifespan events pass through.
-    """
-
-    def __init__(self, app: Any, token: str):
-        self.app = app
-        self._expected = token.encode()
-
-    def _allowed(self, scope: dict[str, Any]) -> bool:
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(b" "), self._expected)
-        return False
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket") and not self._allowed(scope):
-            if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1008})
-                return
-            body = b'{"detail":"missing or wrong server token"}'
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b"Bearer")]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
-
-
 def app_capacity(app: Any) -> int | None:
     """The session limit an OpenEnv app was built with (``create_app(max_concurrent_envs=...)``).
 
@@ -343,7 +314,7 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
         env_classes = [_load_class(root, args.module_file, c) for c in args.classes.split(",")]
         app = _server_class(env_classes[0])(env_classes).app
     hide_docs(app)
-    served = RequireToken(app, token) if args.listen == "tcp" else app
+    served = _tokens.Guard(token).asgi(app) if args.listen == "tcp" else app
 
     capacity = app_capacity(app)
     if capacity is not None:
