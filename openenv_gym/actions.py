@@ -274,12 +274,20 @@ def check_call(call: ParsedCall, tools: dict[str, ToolSpec]) -> str | None:
 
 
 def tool_message(call_id: str, name: str, content: str | list[dict[str, Any]]) -> Message:
-    """A ``tool`` message answering the call ``call_id``."""
+    """A ``tool`` message answering the call ``call_id``.
+
+    >>> tool_message("call_1", "calculator", "4")
+    {'role': 'tool', 'tool_call_id': 'call_1', 'name': 'calculator', 'content': '4'}
+    """
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
 def user_message(content: str | list[dict[str, Any]]) -> Message:
-    """A ``user`` message (task prompts, and notices about actions that were not tool calls)."""
+    """A ``user`` message (task prompts, and notices about actions that were not tool calls).
+
+    >>> user_message("Compute 2 + 2.")
+    {'role': 'user', 'content': 'Compute 2 + 2.'}
+    """
     return {"role": "user", "content": content}
 
 

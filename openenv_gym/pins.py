@@ -51,12 +51,20 @@ _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
 
 
 def canonical(name: str) -> str:
-    """A distribution name as PEP 503 compares them (``Ors_SDK`` is ``ors-sdk``)."""
+    """A distribution name as PEP 503 compares them.
+
+    >>> canonical("Ors_SDK")
+    'ors-sdk'
+    """
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def requirement_name(requirement: str) -> str | None:
-    """The canonical distribution name a requirement line names (``None`` for ``-e path`` and options)."""
+    """The canonical distribution name a requirement line names (``None`` for ``-e path`` and options).
+
+    >>> requirement_name("Verifiers[all]>=0.3.1,<0.4"), requirement_name("-e ./my_env")
+    ('verifiers', None)
+    """
     m = _NAME.match(requirement)
     return canonical(m[1]) if m and not requirement.lstrip().startswith("-") else None
 

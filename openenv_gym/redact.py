@@ -85,7 +85,8 @@ def _redact_url(match: re.Match[str]) -> str:
 def redact_urls(text: str) -> str:
     """``text`` with every URL's user and password removed and its secret query values hidden.
 
-    ``https://u:p@ss@host/x?access_token=t&page=2`` -> ``https://host/x?access_token=***&page=2``.
+    >>> redact_urls("see https://u:p@host/x?access_token=t&page=2")
+    'see https://host/x?access_token=***&page=2'
     """
     return _URL.sub(_redact_url, text)
 

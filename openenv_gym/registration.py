@@ -115,7 +115,11 @@ _LEGACY_ENTRY_POINTS = {
 
 
 def env_id(name: str) -> str:
-    """The Gymnasium id of an openenv_gym environment called ``name``."""
+    """The Gymnasium id of an openenv_gym environment called ``name``.
+
+    >>> env_id("Gsm8kTools")
+    'openenv/Gsm8kTools-v0'
+    """
     return f"{NAMESPACE}/{name}-v0"
 
 

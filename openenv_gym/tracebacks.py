@@ -56,7 +56,15 @@ def whole_lines(tail: str, cut: bool) -> str:
 
 
 def summarize(what: str, output: str, cut: bool = False) -> str:
-    """``"<Type: message> (<what>; the end of its output:\\n<whole lines>)"``, or ``what`` and the lines."""
+    """``"<Type: message> (<what>; the end of its output:\\n<whole lines>)"``, or ``what`` and the lines.
+
+    >>> print(summarize("harness exited 1", "Traceback (most recent call last):\\n"
+    ...                 '  File "h.py", line 3, in <module>\\nTypeError: Invalid timeout\\n'))
+    TypeError: Invalid timeout (harness exited 1; the end of its output:
+    Traceback (most recent call last):
+      File "h.py", line 3, in <module>
+    TypeError: Invalid timeout)
+    """
     lines = whole_lines(output, cut)
     cause = final_exception(lines)
     if cause is None:

@@ -165,6 +165,12 @@ def validate_name(name: str) -> str:
     Names are ASCII letters, digits, ``_``, ``-`` and ``.``, starting with a letter, digit or
     ``_``, at most 128 characters. Raises :class:`InvalidName` otherwise (empty, ``:``, ``/``,
     whitespace, non-ASCII letters, emoji, invisible or right-to-left marks).
+
+    >>> validate_name("Gsm8k.tools")
+    'Gsm8k.tools'
+    >>> validate_name("../x")
+    Traceback (most recent call last):
+    openenv_gym.errors.InvalidName: environment name '../x' must not contain '/'; use ASCII letters, digits, '_', '-' and '.'
     """
     problem = _name_problem(name)
     if problem is not None:

@@ -34,7 +34,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine."""
+    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine.
+
+    >>> is_loopback("127.0.0.2"), is_loopback("::1"), is_loopback("example.com")
+    (True, True, False)
+    """
     if host == "localhost":
         return True
     try:
