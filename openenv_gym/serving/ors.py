@@ -83,6 +83,21 @@ def _payload(outcome: CallOutcome) -> dict[str, Any]:
                                    "reward": outcome.reward, "finished": outcome.finished}}
 
 
+MAX_SESSION_ID = 256
+"""Longest ``X-Session-ID`` accepted (the SDK clients send a 36-character UUID)."""
+
+
+def _session_id(request: web.Request) -> str | web.Response:
+    """The request's ``X-Session-ID``, or the 400 that refuses it: absent, longer than
+    :data:`MAX_SESSION_ID`, or not printable ASCII (an id is echoed in replies and logs)."""
+    sid = request.headers.get("X-Session-ID")
+    if not sid:
+        return detail(400, "X-Session-ID header is required")
+    if len(sid) > MAX_SESSION_ID or not (sid.isascii() and sid.isprintable()) or " " in sid:
+        return detail(400, f"X-Session-ID must be printable ASCII without spaces, at most {MAX_SESSION_ID} characters")
+    return sid
+
+
 class _ORS:
     """The session routes' handlers over one :class:`ServedEnv`."""
 
@@ -93,9 +108,9 @@ class _ORS:
         self._latest: dict[str, str] = {}  # session id -> its latest call's task_id
 
     def _session(self, request: web.Request) -> Session | web.Response:
-        sid = request.headers.get("X-Session-ID")
-        if not sid:
-            return detail(400, "X-Session-ID header is required")
+        sid = _session_id(request)
+        if isinstance(sid, web.Response):
+            return sid
         session = self.served.get(sid)
         if session is None:
             return detail(404, "Active environment not found")
@@ -119,9 +134,9 @@ class _ORS:
         return response
 
     async def create(self, request: web.Request) -> web.Response:
-        sid = request.headers.get("X-Session-ID")
-        if not sid:
-            return detail(400, "X-Session-ID header is required")
+        sid = _session_id(request)
+        if isinstance(sid, web.Response):
+            return sid  # refused before a slot is leased
         body = await read_body(request, _Create)
         if body.env_name is not None and body.env_name.lower() != self.name:
             return detail(404, f"unknown environment {body.env_name!r}")
@@ -145,7 +160,14 @@ class _ORS:
             if body.task_spec is not None and isinstance(exc, ServerError):
                 return detail(400, f"the env could not start an episode on this task_spec: {exc}")
             raise
-        return json_response({"sid": sid})
+        reply = json_response({"sid": sid})
+        try:  # a session whose caller never learns it was made would hold its slot until reaped
+            await reply.prepare(request)
+            await reply.write_eof()
+        except BaseException:
+            await self.served.end(session)
+            raise
+        return reply
 
     async def prompt(self, request: web.Request) -> web.Response:
         session = self._session(request)
@@ -175,9 +197,9 @@ class _ORS:
         return session if isinstance(session, web.Response) else json_response({"status": "ok"})
 
     async def delete(self, request: web.Request) -> web.Response:
-        sid = request.headers.get("X-Session-ID")
-        if not sid:
-            return detail(400, "X-Session-ID header is required")
+        sid = _session_id(request)
+        if isinstance(sid, web.Response):
+            return sid
         session = self.served.get(sid)
         if session is not None:
             self._forget(session.id)
@@ -196,7 +218,10 @@ class _ORS:
         body = await read_body(request, _Call)
         response = web.StreamResponse(headers=_SSE_HEADERS)
         if body.task_id is not None:  # a resume: the same call's result, never a second run
-            task = self._calls.get(body.task_id)
+            # Only the session that made the call may read its result: task ids travel in streams
+            # and logs, and another session's result may hold its answer.
+            owned = self._latest.get(session.id) == body.task_id
+            task = self._calls.get(body.task_id) if owned else None
             await response.prepare(request)
             if task is None:
                 await response.write_eof(_event("error", "unknown task_id"))

@@ -79,6 +79,32 @@ def answers_in_text(env_id: str) -> bool:
     return entry.partition(":")[0].startswith(_TEXT_ADAPTERS)
 
 
+# What each JSON Schema type takes, as the SDK servers' validation (pydantic, lax) takes it: a
+# number given as "5" is coerced there, so only a value no coercion reads is refused here.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int, float, str), "number": (int, float, str), "boolean": (bool, int, str),
+    "array": (list,), "object": (dict,), "null": (type(None),)}
+
+
+def _wrong_types(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """Which argument has a JSON type its tool's schema does not allow (``expression`` given a
+    number where a string is wanted), as the SDK servers' own validation refuses it; ``None`` if
+    every typed top-level argument fits."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return None
+    for key, value in arguments.items():
+        spec = properties.get(key)
+        wanted = spec.get("type") if isinstance(spec, dict) else None
+        names = [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, list) else []
+        if not names or not all(isinstance(n, str) and n in _JSON_TYPES for n in names):
+            continue  # untyped, or a type this check does not know: the env decides
+        kinds = tuple(t for n in names for t in _JSON_TYPES[n])
+        if not isinstance(value, kinds):
+            return f"argument {key!r} must be {' or '.join(names)}, not {type(value).__name__}"
+    return None
+
+
 class CallOutcome(msgspec.Struct):
     """What one tool call produced, protocol-neutral."""
 
@@ -197,7 +223,8 @@ class Session:
             return "input_validation", turn.error or "the call could not be read"
         problem = check_call(turn.calls[0], self.env_tools)
         if problem is None:
-            return None
+            wrong = _wrong_types(turn.calls[0].arguments or {}, self.env_tools[name].parameters or {})
+            return ("input_validation", f"Error: tool {name!r} was not run: {wrong}.") if wrong else None
         return ("not_found" if name not in self.env_tools else "input_validation"), problem
 
     def state(self) -> dict[str, Any]:

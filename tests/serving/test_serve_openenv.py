@@ -134,6 +134,12 @@ def test_malformed_messages_are_errors_the_client_reads(arith):
         assert reply["type"] == "observation" and reply["data"]["done"] is False
         reply = ask('{"type": "state"}')
         assert reply == {"type": "state", "data": {"episode_id": reply["data"]["episode_id"], "step_count": 0}}
+        # A wrong-type argument is the call's error, as OpenEnv's MCP envs report a bad call.
+        reply = ask('{"type": "step", "data": {"type": "call_tool", "tool_name": "calculator", '
+                    '"arguments": {"expression": 5}}}')
+        assert reply["type"] == "observation", reply
+        observation = reply["data"]["observation"]
+        assert observation["error"]["error_type"] == "invalid_args" and reply["data"]["done"] is False, observation
     with httpx.Client(headers=arith.headers) as client:
         rpc = client.post(f"{arith.url}/mcp", content=b"{oops").json()
         assert rpc["error"]["code"] == -32700

@@ -307,3 +307,41 @@ def test_a_killed_env_server_is_a_readable_error_and_the_next_session_recovers(s
         with env.session(split="train", index=1) as session:  # the env's server is relaunched
             assert session.call_tool("calculator", {"expression": "2+2"}).blocks[0].text == "4"
     assert served.stop() == 0
+
+
+# -- hostile and careless callers ---------------------------------------------------------------------------
+def test_bad_session_ids_hold_no_slot_and_a_session_reads_only_its_own_calls(serve_process):
+    from ors.client import ORS, ToolCallError
+
+    served = serve_process(ARITHMETIC, "--max-sessions", "2")
+    url, headers = served.url, served.headers
+    with httpx.Client(timeout=30) as client:
+        for bad in (b"\xff", b"a" * 300, b"two words", b"tab\there"):
+            for _ in range(3):  # more than the server's two slots: none may be held
+                reply = client.post(f"{url}/create", json={"split": "train", "index": 0},
+                                    headers={**headers, "X-Session-ID": bad})
+                assert reply.status_code == 400 and "X-Session-ID" in reply.json()["detail"], reply.text
+        mine, theirs = (create(client, url, headers, split="train", index=i) for i in (0, 1))  # both slots free
+        # A wrong-type argument is refused as the SDK servers refuse it, and nothing is run.
+        body = {"name": "calculator", "input": {"expression": 5}}
+        refused = json.loads(sse(client.post(f"{url}/arithmetic/call", json=body,
+                                             headers={**headers, "X-Session-ID": mine}))[-1][1])
+        assert refused["ok"] is False and refused["reason"] == "input_validation"
+        assert "valid string" in refused["error"]  # the env's own words
+        # Another session cannot read a call's result by its task id.
+        first = sse(client.post(f"{url}/arithmetic/call", json={"name": "calculator", "input": {"expression": "6*7"}},
+                                headers={**headers, "X-Session-ID": theirs}))
+        task_id = first[0][1]
+        stolen = sse(client.post(f"{url}/arithmetic/call", json={"name": "calculator", "task_id": task_id},
+                                 headers={**headers, "X-Session-ID": mine}))
+        assert stolen == [("error", "unknown task_id")]
+        again = sse(client.post(f"{url}/arithmetic/call", json={"name": "calculator", "task_id": task_id},
+                                headers={**headers, "X-Session-ID": theirs}))
+        assert again == first[1:]  # its own session still resumes it
+        for sid in (mine, theirs):
+            client.post(f"{url}/delete", headers={**headers, "X-Session-ID": sid})
+    with ORS(base_url=url, api_key=served.token) as sdk:
+        with sdk.environment("arithmetic").session(split="train", index=0) as session:
+            with pytest.raises(ToolCallError):
+                session.call_tool("calculator", {"expression": 5})
+    assert served.stop() == 0
