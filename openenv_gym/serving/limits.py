@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "PROTOCOLS", "MAX_SESSIONS", "SESSION_IDLE_TIMEOUT", "TOKEN_ENV", "MAX_REQUEST_BYTES", "MAX_MESSAGE_BYTES",
     "TASK_RANGE_LIMIT", "SSE_CHUNK", "SSE_PING_INTERVAL", "CALL_LINGER", "RETRY_AFTER", "END_TIMEOUT",
-    "START_TIMEOUT", "STOP_TIMEOUT",
+    "START_TIMEOUT", "STOP_TIMEOUT", "AUTH_TIMEOUT", "MAX_PENDING_CONNECTIONS",
 ]
 
 PROTOCOLS = ("ors", "openenv")
@@ -41,3 +41,8 @@ START_TIMEOUT = 120.0
 """Seconds binding the server may take once its pool is up (the pool has its own ``start_timeout``)."""
 STOP_TIMEOUT = 60.0
 """Seconds stopping may take: ending the sessions, then the app (closing the pool is bounded too)."""
+AUTH_TIMEOUT = 10.0
+"""Seconds a new connection has to send a request that passes the token check before it is closed
+(a silent or half-sent connection would hold a file descriptor for ever)."""
+MAX_PENDING_CONNECTIONS = 256
+"""Most connections that have not yet passed the token check kept open at once; the oldest go first."""

@@ -14,6 +14,7 @@ is the same as a context manager giving the URL, for tests and notebooks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -33,8 +34,11 @@ from openenv_gym.processes import tune_gc
 from openenv_gym.serving import openenv as openenv_protocol
 from openenv_gym.serving import ors as ors_protocol
 from openenv_gym.serving.access import Access
+from openenv_gym.serving.connections import ConnectionGuard
 from openenv_gym.serving.http import json_errors
 from openenv_gym.serving.limits import (
+    AUTH_TIMEOUT,
+    MAX_PENDING_CONNECTIONS,
     MAX_REQUEST_BYTES,
     MAX_SESSIONS,
     PROTOCOLS,
@@ -114,6 +118,8 @@ class Server:
         token: what clients must send; default :data:`~openenv_gym.serving.limits.TOKEN_ENV`'s value,
             else a random one (printed once) on loopback.
         session_idle_timeout: seconds without a request after which a session is ended.
+        auth_timeout: seconds a new connection has to pass the token check before it is closed
+            (:data:`~openenv_gym.serving.limits.AUTH_TIMEOUT`).
         env_kwargs: the env's kwargs, as for ``gym.make`` (``step_timeout``, ``split``...).
     """
 
@@ -121,7 +127,7 @@ class Server:
                  uds: str | os.PathLike[str] | None = None, max_sessions: int = MAX_SESSIONS,
                  workers: int | None = None, backend: str = "concurrent", address: str | None = None,
                  token: str | None = None, session_idle_timeout: float | None = SESSION_IDLE_TIMEOUT,
-                 **env_kwargs: Any):
+                 auth_timeout: float = AUTH_TIMEOUT, **env_kwargs: Any):
         if protocol not in PROTOCOLS:
             raise ConfigurationError(f"unknown protocol {protocol!r}; use one of {', '.join(PROTOCOLS)}")
         for name, value in (("max_sessions", max_sessions), ("workers", workers)):
@@ -133,6 +139,10 @@ class Server:
             raise ConfigurationError("give a port or a Unix socket (uds), not both")
         if session_idle_timeout is not None and not session_idle_timeout > 0:
             raise ConfigurationError("session_idle_timeout must be a positive number of seconds")
+        if isinstance(auth_timeout, bool) or not isinstance(auth_timeout, (int, float)) or not auth_timeout > 0:
+            raise ConfigurationError("auth_timeout must be a positive number of seconds")
+        self.connections = ConnectionGuard(float(auth_timeout), MAX_PENDING_CONNECTIONS)
+        self._watch: asyncio.Task[None] | None = None
         self.env_id, self.protocol = env_id, protocol
         self.host, self.port = host, port
         self.uds = Path(uds).absolute() if uds is not None else None
@@ -170,7 +180,9 @@ class Server:
 
     async def _astart(self) -> ServedURL:
         assert self.pool is not None
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[self.access.middleware, json_errors])
+        # The token check first; a request that passes it proves its connection (ConnectionGuard).
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES,
+                              middlewares=[self.access.middleware, self.connections.middleware, json_errors])
         self.served = ServedEnv(self.env_id, self.pool, session_idle_timeout=self.session_idle_timeout)
         _ROUTES[self.protocol](app, self.served, __version__)
         # No access log: a logged request line or header could hold the token.
@@ -185,6 +197,7 @@ class Server:
                     await site.start()
                 finally:
                     os.umask(old)
+                self._watch = asyncio.get_running_loop().create_task(self.connections.watch(runner))
                 return ServedURL(f"unix:{self.uds}")
             await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
@@ -192,6 +205,7 @@ class Server:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigurationError(f"{where} is in use: pick another --port (0: any free one)") from None
             raise ConfigurationError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+        self._watch = asyncio.get_running_loop().create_task(self.connections.watch(runner))
         host, port = runner.addresses[0][:2]
         self.port = port
         shown = f"[{host}]" if ":" in host else host
@@ -213,6 +227,9 @@ class Server:
                     self.uds.unlink()
 
     async def _astop(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
         runner, self._runner = self._runner, None
         if runner is not None:
             for site in list(runner.sites):

@@ -1,0 +1,59 @@
+"""Connections that never pass the token check are closed: silent ones after ``auth_timeout``,
+half-sent ones too, and beyond MAX_PENDING_CONNECTIONS the oldest at once, while a client with
+the token is served throughout."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from openenv_gym.serving import served
+from openenv_gym.serving.limits import MAX_PENDING_CONNECTIONS
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (whatever it answered first is read and dropped)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_silent_and_half_sent_connections_are_closed_and_token_holders_are_served():
+    with served("openenv/Arithmetic-v0", in_process=True, auth_timeout=2.0) as url:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(MAX_PENDING_CONNECTIONS + 40)]
+        half = socket.create_connection((host, int(port)))
+        half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        wrong = socket.create_connection((host, int(port)))
+        wrong.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope-nope-nope\r\n\r\n")
+        try:
+            time.sleep(1.2)
+            # Over the cap: the oldest unproven connections went at once, the newest wait their time.
+            assert sum(closed_by_server(s) for s in idle[:40]) == 40
+            assert not any(closed_by_server(s) for s in idle[-10:])
+            with httpx.Client(headers=url.headers, timeout=10) as client:
+                assert client.get(f"{url}/health").json() == {"status": "ok"}
+                time.sleep(2.5)
+                # A connection that passed the token check is kept (keep-alive) after the timeout...
+                assert client.get(f"{url}/health").json() == {"status": "ok"}
+            # ... while the rest, silent, half-sent or refused, are gone.
+            assert all(closed_by_server(s) for s in [*idle, half, wrong])
+        finally:
+            for s in [*idle, half, wrong]:
+                s.close()
+
+
+def test_auth_timeout_must_be_positive():
+    from openenv_gym.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="auth_timeout"):
+        served("openenv/Arithmetic-v0", auth_timeout=0).__enter__()
