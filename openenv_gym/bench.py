@@ -11,6 +11,7 @@ process the configuration uses (this one, its children, and Ray's workers).
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import msgspec
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.policies import RandomPolicy
 from openenv_gym.processes import descendants
-from openenv_gym.vector.base import info_at
+from openenv_gym.vector.base import check_num_envs, info_at
 
 __all__ = ["BenchRow", "bench", "BACKENDS", "table", "plot", "require_plotting"]
 
@@ -40,6 +41,8 @@ class BenchRow(msgspec.Struct):
     steps_per_sec: float
     pss_mib: float
     error: str | None = None
+    skipped: str | None = None
+    """Why the configuration was not measured (its backend's extra is not installed)."""
 
 
 def _pss_kib(pid: int) -> int:
@@ -118,10 +121,19 @@ def bench(
     seed: int = 0,
     make_kwargs: dict[str, Any] | None = None,
 ) -> list[BenchRow]:
-    """Measure every (backend, num_envs) pair; a failing configuration is reported, not fatal."""
+    """Measure every (backend, num_envs) pair; a failing configuration is reported, not fatal.
+
+    Sizes are checked first, as ``gym.make_vec`` checks ``num_envs``; a Ray row without Ray
+    installed is skipped with the reason, not measured as a failure.
+    """
+    for n in num_envs:
+        check_num_envs(n)
     rows = []
     for n in num_envs:
         for backend in backends:
+            if backend == "ray" and importlib.util.find_spec("ray") is None:
+                rows.append(BenchRow(backend, n, 0, 0.0, 0.0, 0.0, skipped="ray is not installed: pip install -e '.[ray]'"))
+                continue
             try:
                 rows.append(_measure(env_id, backend, n, rounds, seed, dict(make_kwargs or {})))
             except Exception as exc:  # e.g. ray not installed: report and go on with the rest
@@ -134,8 +146,8 @@ def table(rows: list[BenchRow]) -> str:
     sync = {r.num_envs: r.steps_per_sec for r in rows if r.backend == "sync" and not r.error}
     lines = [f"{'backend':<11} {'num_envs':>8} {'steps/sec':>10} {'x sync':>7} {'PSS MiB':>8}"]
     for r in rows:
-        if r.error:
-            lines.append(f"{r.backend:<11} {r.num_envs:>8}  failed: {r.error}")
+        if r.error or r.skipped:
+            lines.append(f"{r.backend:<11} {r.num_envs:>8}  " + (f"failed: {r.error}" if r.error else f"skipped: {r.skipped}"))
             continue
         ratio = f"{r.steps_per_sec / sync[r.num_envs]:.2f}" if sync.get(r.num_envs) else "-"
         lines.append(f"{r.backend:<11} {r.num_envs:>8} {r.steps_per_sec:>10.1f} {ratio:>7} {r.pss_mib:>8.0f}")
@@ -150,7 +162,8 @@ def require_plotting() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ConfigurationError("plotting needs matplotlib: pip install 'openenv-gym[bench]'") from None
+        raise ConfigurationError("plotting needs matplotlib, which the bench extra brings: pip install -e '.[bench]' "
+                                 "(from a checkout; pip install 'openenv-gym[bench]' from an index)") from None
 
 
 def plot(rows: list[BenchRow], path: str | Path, title: str = "") -> None:
@@ -163,7 +176,7 @@ def plot(rows: list[BenchRow], path: str | Path, title: str = "") -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for backend in dict.fromkeys(r.backend for r in rows):
-        points = sorted((r.num_envs, r.steps_per_sec) for r in rows if r.backend == backend and not r.error)
+        points = sorted((r.num_envs, r.steps_per_sec) for r in rows if r.backend == backend and not (r.error or r.skipped))
         if points:
             ax.plot(*zip(*points), marker="o", label=backend)
     ax.set_xscale("log", base=2)

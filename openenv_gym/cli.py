@@ -7,7 +7,7 @@
     openenv-gym list
     openenv-gym info ID
     openenv-gym remove NAME | --invalid
-    openenv-gym rollout ID --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K [--drop-equal]]
+    openenv-gym rollout ID [KEY=VALUE ...] --episodes N [--num-envs 32] [--backend concurrent|ray] [--group-size K [--drop-equal]]
                         [--policy random|openai --base-url URL --model M] [--out traj.jsonl [--append|--overwrite]]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
     openenv-gym view FILE... [--html OUT] [--port N]
@@ -18,7 +18,8 @@ Errors the user can fix (a missing source, nothing detected, an ambiguous source
 unknown id, a missing extra, an ``--out`` that cannot be written) print one clear line and exit
 with status 2, before anything runs; nothing is half-written to the catalog. Every error line goes
 through :func:`~openenv_gym.redact.redact_urls`: no URL credential reaches the terminal. Ctrl-C
-prints ``interrupted`` and exits with 130.
+prints ``interrupted`` and exits with 130; a reader that closed the pipe (``| head``) ends the
+command quietly with 141.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = ["main", "build_parser"]
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command whose reader closed the pipe
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -179,10 +181,12 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from openenv_gym.processes import tune_gc
     from openenv_gym.registration import check_id
     from openenv_gym.rollout import collect
+    from openenv_gym.web.play import parse_kwargs  # the one reader of KEY=VALUE env kwargs
 
     tune_gc()  # this process steps many sub-envs and nothing else
 
     check_id(args.id)
+    make_kwargs = parse_kwargs(args.kwargs)
     if args.drop_equal and args.group_size is None:
         raise ConfigurationError("--drop-equal leaves out groups of equal rewards: it needs --group-size")
     if (args.append or args.overwrite) and not args.out:
@@ -198,7 +202,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     try:
         summary = collect(args.id, args.episodes, num_envs=args.num_envs, backend=args.backend, policy=policy,
                           seed=args.seed, batch_size=args.batch_size, out=args.out, progress=not args.quiet,
-                          group_size=args.group_size, drop_equal=args.drop_equal, if_exists=if_exists)
+                          group_size=args.group_size, drop_equal=args.drop_equal, if_exists=if_exists,
+                          make_kwargs=make_kwargs)
     finally:
         if not isinstance(policy, str):  # the OpenAI policy built above
             policy.close()
@@ -335,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("rollout", "collect episodes with a policy over a vector env")
     p.add_argument("id", help=env_help)
+    p.add_argument("kwargs", nargs="*", metavar="KEY=VALUE",
+                   help="env kwargs for gym.make (as for play and serve); a VALUE that parses as JSON is that value, else a string")
     p.add_argument("--episodes", type=int, default=100, help="episodes to collect")
     p.add_argument("--num-envs", type=int, default=8, help="sub-envs stepped at once")
     p.add_argument("--backend", choices=("concurrent", "ray"), default="concurrent", help="vector env backend")
@@ -403,6 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("openenv-gym: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`openenv-gym list | head -1`): end quietly, as other CLIs do, and
+        # point stdout at /dev/null so the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.policies import Policy, RandomPolicy
 from openenv_gym.records import as_assistant_message, encode_record
-from openenv_gym.vector.base import AgentVectorEnv, info_at
+from openenv_gym.vector.base import AgentVectorEnv, check_num_envs, info_at
 
 __all__ = ["IF_EXISTS", "RolloutSummary", "RunStats", "advantages", "collect", "open_output", "run"]
 
@@ -324,6 +324,8 @@ def open_output(out: str | os.PathLike[str], if_exists: Literal["error", "append
     if if_exists not in IF_EXISTS:
         raise ConfigurationError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
     path = Path(out)
+    if path.is_dir():
+        raise ConfigurationError(f"cannot write episodes to {path}: it is a directory; give a file's path, e.g. {path / 'episodes.jsonl'}")
     try:
         if if_exists == "overwrite":
             return open(path, "wb")
@@ -394,7 +396,10 @@ def collect(
     """
     if isinstance(env_id, Mapping):
         num_envs = sum(env_id.values())
-    num_envs = max(1, min(num_envs, episodes))
+    num_envs = check_num_envs(num_envs)  # the same rule, and words, as gym.make_vec's
+    if isinstance(episodes, (bool, np.bool_)) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
+        raise ConfigurationError(f"episodes must be a positive integer, not {episodes!r}")
+    num_envs = min(num_envs, int(episodes))
     if group_size is not None:
         if isinstance(group_size, (bool, np.bool_)) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
             raise ConfigurationError(f"group_size must be a positive integer, not {group_size!r}")

@@ -179,7 +179,7 @@ def test_an_interrupt_in_any_command_is_one_line_and_leaves_nothing_half_done(
     children = set(procs.children(os.getpid()))
     monkeypatch.setattr(importlib.import_module(where) if isinstance(where, str) else where, name, _raise_interrupt)
     records = tmp_path / "episodes.jsonl"
-    records.write_text("")
+    records.write_text("{\"env\": \"openenv/Kept-v0\", \"messages\": []}\n")  # one episode for `view` to show
     monkeypatch.chdir(tmp_path)  # where `play` writes its episodes
     code = main([{"SOURCE": str(source), "RECORDS": str(records)}.get(a, a) for a in argv])
     monkeypatch.undo()

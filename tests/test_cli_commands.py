@@ -108,3 +108,98 @@ def test_info_shows_where_an_install_came_from_and_what_its_snapshot_left_out(tm
 def test_include_without_isolated_is_refused(argv, capsys):
     assert main(argv) == 2
     assert "--isolated" in one_line_error(capsys.readouterr().err)
+
+
+# -- first contact: counts, pipes, paths, kwargs ------------------------------------------------------------
+@pytest.mark.parametrize("argv, says", [
+    (["rollout", ARITH, "--num-envs", "0"], "num_envs must be between 1 and 1,048,576, not 0"),
+    (["rollout", ARITH, "--num-envs", "-1"], "num_envs must be between 1 and 1,048,576, not -1"),
+    (["rollout", ARITH, "--episodes", "0"], "episodes must be a positive integer, not 0"),
+    (["rollout", ARITH, "--episodes", "-5"], "episodes must be a positive integer, not -5"),
+    (["bench", ARITH, "--num-envs", "0", "--backend", "sync"], "num_envs must be between 1 and 1,048,576, not 0"),
+])
+def test_counts_below_one_are_refused_with_make_vecs_message(argv, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert one_line_error(capsys.readouterr().err).endswith(says)
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing started
+
+
+def test_collect_refuses_the_same_counts():
+    from openenv_gym.errors import ConfigurationError
+    from openenv_gym.rollout import collect
+
+    with pytest.raises(ConfigurationError, match="num_envs must be between 1 and 1,048,576, not 0"):
+        collect(ARITH, 4, num_envs=0)
+    with pytest.raises(ConfigurationError, match="episodes must be a positive integer"):
+        collect(ARITH, 0)
+
+
+def test_a_closed_pipe_ends_a_command_quietly():
+    for argv in (["list"], ["rollout", ARITH, "--episodes", "40", "--num-envs", "2", "--quiet"]):
+        done = subprocess.run(f"{sys.executable} -m openenv_gym.cli {' '.join(argv)} | head -c 1; "
+                              "exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True,
+                              text=True, timeout=300)
+        assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+        assert done.returncode in (0, 141), (argv, done.returncode, done.stderr)
+
+
+def test_directories_and_missing_folders_are_named_at_once(tmp_path, capsys):
+    episodes = tmp_path / "e.jsonl"
+    episodes.write_text(json.dumps({"env": ARITH, "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main(["view", str(episodes), "--html", str(tmp_path / "missing" / "x.html")]) == 2
+    assert one_line_error(capsys.readouterr().err).endswith(f"its folder {tmp_path / 'missing'} does not exist")
+    for flags in ([], ["--overwrite"], ["--append"]):
+        assert main(["rollout", ARITH, "--episodes", "1", "--out", str(tmp_path), *flags]) == 2
+        assert "it is a directory" in one_line_error(capsys.readouterr().err)
+
+
+def test_view_needs_an_episode_and_counts_in_the_singular(tmp_path, capsys):
+    notes = tmp_path / "notes.md"
+    notes.write_text("# not records\n")
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"a": 1}\n')
+    for path in (notes, other):
+        assert main(["view", str(path), "--html", str(tmp_path / "page.html")]) == 2
+        err = one_line_error(capsys.readouterr().err)
+        assert "no episode records" in err and "line 1 is not an episode record" in err
+    assert not (tmp_path / "page.html").exists()
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"env": ARITH, "messages": [{"role": "user", "content": "hi"}]}) + "\n" + '{"a": 1}\n')
+    assert main(["view", str(one), "--html", str(tmp_path / "page.html")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote 1 episode to" in out and "has none of a record's fields" in out
+    assert (tmp_path / "page.html").stat().st_mode & 0o777 == 0o600  # it holds the runs' model text
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_link_at_the_old_temp_name_is_left_alone(tmp_path, capsys):
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"env": ARITH, "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "page.html.tmp").symlink_to(victim)
+    assert main(["view", str(one), "--html", str(tmp_path / "page.html")]) == 0
+    assert victim.read_text() == "keep me"
+
+
+def test_rollout_takes_env_kwargs_as_play_and_serve_do(tmp_path, capsys):
+    out = tmp_path / "e.jsonl"
+    assert main(["rollout", ARITH, "max_turns=1", "--episodes", "2", "--num-envs", "2", "--quiet", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and all(len(r["rewards"]) == 1 for r in records)  # one turn each: the kwarg arrived
+    assert main(["rollout", ARITH, "nokey", "--episodes", "1"]) == 2
+    assert "KEY=VALUE" in one_line_error(capsys.readouterr().err)
+
+
+def test_bench_skips_ray_rows_without_ray(monkeypatch):
+    import importlib.util
+
+    from openenv_gym import bench
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    rows = bench.bench(ARITH, [1], ["ray", "sync"], rounds=2)
+    assert rows[0].skipped and "pip install -e '.[ray]'" in rows[0].skipped and not rows[0].error
+    assert rows[1].steps_per_sec > 0
+    assert "skipped: ray is not installed" in bench.table(rows)

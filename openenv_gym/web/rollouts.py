@@ -72,6 +72,7 @@ class _Conversation(msgspec.Struct):
 
 
 _row_decoder = msgspec.json.Decoder(_Row)
+_NOTHING = _Row()  # a line that decodes to this holds none of a record's fields (``{"a": 1}``)
 _conversation_decoder = msgspec.json.Decoder(_Conversation)
 
 
@@ -203,6 +204,9 @@ class Rollouts:
             row = _row_decoder.decode(line)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
             self.note(f"{label}: line {number} is not an episode record ({_short(exc)}): skipped")
+            return
+        if row == _NOTHING:
+            self.note(f"{label}: line {number} is not an episode record (it has none of a record's fields): skipped")
             return
         env = row.env or ""
         code = self._env_codes.get(env)

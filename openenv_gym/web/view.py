@@ -11,8 +11,10 @@ the file opens from disk with no server; it is about as large as the files it sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,6 +22,7 @@ from typing import Any, TextIO
 import msgspec
 from aiohttp import web
 
+from openenv_gym.errors import ConfigurationError
 from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
 from openenv_gym.web.rollouts import Rollouts, load
@@ -95,12 +98,36 @@ def render_file(rollouts: Rollouts, title: str = "") -> bytes:
 def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> Rollouts:
     """Write the self-contained page of the episodes in ``paths`` to ``out``; returns what was read."""
     paths = list(paths)
+    target = Path(out)
+    if target.is_dir():
+        raise ConfigurationError(f"cannot write the page to {target}: it is a directory; give a file's path")
+    if not target.parent.is_dir():
+        raise ConfigurationError(f"cannot write the page to {target}: its folder {target.parent} does not exist")
     rollouts = load(paths)
+    if not len(rollouts):
+        raise ConfigurationError(f"no episode records in {', '.join(map(str, paths))}: nothing to show" + _why(rollouts))
     data = render_file(rollouts, title=_title(paths))
-    tmp = Path(out).with_name(Path(out).name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)  # a reader never opens half a page
+    # A fresh name of our own beside the target (never a guessable one a link could sit at), born
+    # 0600: the page holds the runs' model text; replaced in one step, so a reader never opens half a page.
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return rollouts
+
+
+def _why(rollouts: Rollouts) -> str:
+    """The first reasons lines were skipped, for an error that found nothing to show."""
+    return f" ({rollouts.skipped} line(s) skipped: {'; '.join(rollouts.notes[:3])})" if rollouts.skipped else ""
+
+
+def _episodes(n: int) -> str:
+    return f"{n:,} episode" + ("" if n == 1 else "s")
 
 
 def _title(paths: Sequence[str | os.PathLike[str]]) -> str:
@@ -151,6 +178,8 @@ def view_server(paths: Iterable[str | os.PathLike[str]], port: int = 0) -> tuple
     :func:`~openenv_gym.web.serving.run`)."""
     paths = list(paths)
     rollouts = load(paths)
+    if not len(rollouts):
+        raise ConfigurationError(f"no episode records in {', '.join(map(str, paths))}: nothing to show" + _why(rollouts))
     return LoopbackServer(make_app(rollouts, _title(paths)), Access(), port), rollouts
 
 
@@ -161,11 +190,11 @@ def view_command(paths: Sequence[str], html: str | None = None, port: int = 0, o
     if html is not None:
         rollouts = write_html(paths, html)
         _report(rollouts, out)
-        print(f"wrote {len(rollouts):,} episodes to {html} (one self-contained file: open it in a browser)", file=out)
+        print(f"wrote {_episodes(len(rollouts))} to {html} (one self-contained file: open it in a browser)", file=out)
         return 0
     server, rollouts = view_server(paths, port)
     _report(rollouts, out)
-    print(f"{len(rollouts):,} episodes from {', '.join(rollouts.files)}", file=out, flush=True)
+    print(f"{_episodes(len(rollouts))} from {', '.join(rollouts.files)}", file=out, flush=True)
     return run(server, "view", out)
 
 
