@@ -380,3 +380,20 @@ def test_an_env_key_the_adapter_takes_goes_to_the_adapter():
     assert env_kwargs == {"split": "train", "step_timeout": 5}
     spec, env_kwargs = _adapter_and_env_kwargs(ADAPTERS["ors"], {"source": source, "max_turns": 2})
     assert env_kwargs == {"max_turns": 2} and "max_turns" not in spec.kwargs
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"max_turns": "eight"}, "max_turns must be a positive integer or None, not 'eight' (str)"),
+    ({"max_turns": 0}, "max_turns must be a positive integer or None, not 0"),
+    ({"max_turns": True}, "max_turns must be a positive integer or None, not True"),
+    ({"step_timeout": "1"}, "step_timeout must be a positive number of seconds or None, not '1' (str)"),
+    ({"start_timeout": -1}, "start_timeout must be a positive number of seconds or None, not -1"),
+    ({"split": 3}, "split must be a split's name (a string) or None, not 3 (int)"),
+])
+def test_a_wrong_type_of_env_kwarg_is_named_before_anything_starts(kwargs, says):
+    from openenv_gym.errors import ConfigurationError
+
+    for make in (gym.make, lambda id, **kw: gym.make_vec(id, num_envs=2, **kw)):
+        with pytest.raises(ConfigurationError) as raised:
+            make("openenv/Arithmetic-v0", **kwargs)
+        assert str(raised.value) == says or str(raised.value).startswith(says), str(raised.value)

@@ -707,7 +707,7 @@ def _check_mask(mask: Any, n: int) -> None:
     if mask.dtype != np.bool_:
         raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
     if not mask.any():
-        raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value")
+        raise ValueError(f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}")
 
 
 def info_at(infos: dict[str, Any], k: int) -> dict[str, Any]:
