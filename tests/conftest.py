@@ -125,3 +125,17 @@ def private_catalog(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 def pid_alive(pid: int) -> bool:
     """Alive and not a zombie (a zombie is dead for our purposes)."""
     return procs.alive(pid)
+
+
+# -- tests run with any extras ------------------------------------------------------------------------------
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(*modules): runs only where each module is importable (an extra of the package brings "
+                   "it); skipped, naming what is missing, elsewhere")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        missing = [m for m in mark.args if importlib.util.find_spec(m) is None]
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)}, not installed (an extra of the package: pip install -e '.[all]')")

@@ -44,6 +44,9 @@ def multiply(obs: list[dict[str, Any]], info: dict[str, Any]) -> list[Any]:
 
 
 Script = Callable[[list[dict[str, Any]], dict[str, Any]], list[Any]]
+NEEDS = {"openenv": ("openenv",), "verifiers_v0": ("verifiers",)}
+"""What each case needs besides the ors extra."""
+
 CASES: dict[str, tuple[Callable[[], gym.Env], Script]] = {
     "ors": (lambda: gym.make("openenv/Arithmetic-v0", in_process=True), arithmetic),
     "openenv": (lambda: gym.make("openenv/OpenEnv-v0", source=str(ENVS / "openenv_echo_env"), in_process=True), echo),
@@ -62,7 +65,7 @@ def play(env: gym.Env, actions_for: Script, seed: int, steps: int = 2) -> bool:
     return ended
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.needs(*NEEDS.get(n, ()))) for n in CASES])
 def test_finished_episodes_leave_nothing_for_the_collector(name):
     make, actions_for = CASES[name]
     env = make()

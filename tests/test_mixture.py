@@ -153,6 +153,7 @@ def test_close_leaves_nothing():
     assert procs.wait_dead(started, timeout=15) == []
 
 
+@pytest.mark.needs("verifiers")
 def test_rollout_collects_a_mixture_and_names_each_episodes_id(tmp_path):
     """An ORS env and a legacy Verifiers env (each scored by its own library) in one rollout."""
     out = tmp_path / "mix.jsonl"

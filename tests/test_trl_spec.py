@@ -27,7 +27,6 @@ import gymnasium as gym
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers.utils import get_json_schema
 
 import openenv_gym  # noqa: F401  (registers the ids)
 from openenv_gym.errors import BackendError, ConcurrentUse, ConfigurationError
@@ -36,6 +35,9 @@ from openenv_gym.testing import procs
 from openenv_gym.trl import EnvSpec, env_reward
 from openenv_gym.trl.tools import tool_function
 from openenv_gym.wire import ToolSpec
+
+get_json_schema = pytest.importorskip(  # the schema TRL describes tools with
+    "transformers.utils", reason="TRL's tool schemas come from transformers (the tokens extra)").get_json_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "tests" / "envs"

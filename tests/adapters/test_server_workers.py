@@ -149,6 +149,7 @@ def test_two_workers_serve_one_vector_env_with_sessions_spread_and_sticky():
     assert serve_children() <= before
 
 
+@pytest.mark.needs("openenv")
 def test_an_openenv_folder_env_plays_correctly_over_two_workers():
     envs = gym.make_vec("openenv/OpenEnv-v0", num_envs=4, source=GRID, server_workers=2,
                         vector_options={"envs_per_client": 2})

@@ -93,6 +93,7 @@ def test_editable_installs_of_both_backends_are_found(installed: Path, tmp_path:
         ("vf1-edit-st", "vf1_edit_st", "v1")]
 
 
+@pytest.mark.needs("verifiers")
 def test_editable_installs_are_listed_and_play(installed: Path, tmp_path: Path) -> None:
     """In a process whose site folders hold the installs: ``openenv-gym list`` shows them, and
     ``gym.make`` of the listed id imports the module through the install's own hook and plays."""

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import httpx
+import pytest
 from serve_helpers import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,7 @@ def serve_lines() -> list[list[str]]:
     return commands
 
 
+@pytest.mark.needs("verifiers", "openenv")
 def test_the_serving_page_commands_run_as_written(monkeypatch):
     monkeypatch.chdir(ROOT)  # the commands name files relative to the checkout
     commands = serve_lines()

@@ -266,7 +266,8 @@ def test_play_refuses_what_it_cannot_start(tmp_path: Path) -> None:
 ENVS = Path(__file__).resolve().parents[1] / "envs"
 
 
-@pytest.mark.parametrize("kind", ["verifiers", "openenv"])
+@pytest.mark.parametrize("kind", [pytest.param("verifiers", marks=pytest.mark.needs("verifiers")),
+                                  pytest.param("openenv", marks=pytest.mark.needs("openenv"))])
 def test_play_drives_other_kinds_through_the_same_api(serve, tmp_path: Path, kind: str) -> None:
     """A legacy Verifiers env (its own loop, driven from play's worker thread) and an OpenEnv env
     served from its folder: the same routes, the same record."""
