@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Backend", "register", "unregister", "backends", "get", "resolve", "kind_of_adapter"]
+__all__ = ["Backend", "register", "unregister", "backends", "get", "resolve", "kind_of_adapter", "lazy_names"]
 
 Ref = str | Callable[..., Any]
 """A callable, or where to find it: ``"module:name"``."""
@@ -109,6 +109,19 @@ def resolve(ref: Ref) -> Callable[..., Any]:
         return ref
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def lazy_names(package: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` that imports each of ``names`` (name -> its module) on first use,
+    so importing the package (a backend's descriptor, the adapter API) stays cheap."""
+
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    return __getattr__
 
 
 def kind_of_adapter(entry: str) -> str | None:

@@ -7,8 +7,7 @@ importing a backend's package stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from openenv_gym.backends import lazy_names
 
 __all__ = ["Adapter", "AdapterSpec", "Backend", "Episode", "Opening", "Outcome", "Split", "TaskRef", "ToolSpec",
            "Turn", "check_call", "refuse_call", "register", "tool_message", "user_message"]
@@ -23,11 +22,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

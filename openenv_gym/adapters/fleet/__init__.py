@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from openenv_gym.backends import Backend, register
+from openenv_gym.backends import Backend, lazy_names, register
 
 if TYPE_CHECKING:
     from openenv_gym.importers.catalog import CatalogEntry
@@ -29,10 +29,5 @@ BACKEND = Backend(
 register(BACKEND)
 
 
-def __getattr__(name: str) -> Any:
-    # Ids and plugins of earlier releases name "openenv_gym.adapters.fleet:FleetAdapter".
-    if name == "FleetAdapter":
-        from openenv_gym.adapters.fleet.adapter import FleetAdapter
-
-        return FleetAdapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Ids and plugins of earlier releases name "openenv_gym.adapters.fleet:FleetAdapter".
+__getattr__ = lazy_names(__name__, {"FleetAdapter": "openenv_gym.adapters.fleet.adapter"})

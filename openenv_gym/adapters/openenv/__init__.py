@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-from openenv_gym.backends import Backend, register
+from openenv_gym.backends import Backend, lazy_names, register
 
 if TYPE_CHECKING:
     from openenv_gym.importers.catalog import CatalogEntry
@@ -47,10 +47,5 @@ BACKEND = Backend(
 register(BACKEND)
 
 
-def __getattr__(name: str) -> Any:
-    # Ids and plugins of earlier releases name "openenv_gym.adapters.openenv:OpenEnvAdapter".
-    if name == "OpenEnvAdapter":
-        from openenv_gym.adapters.openenv.adapter import OpenEnvAdapter
-
-        return OpenEnvAdapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Ids and plugins of earlier releases name "openenv_gym.adapters.openenv:OpenEnvAdapter".
+__getattr__ = lazy_names(__name__, {"OpenEnvAdapter": "openenv_gym.adapters.openenv.adapter"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from openenv_gym.backends import Backend, register
+from openenv_gym.backends import Backend, lazy_names, register
 from openenv_gym.pins import requirement_name
 
 if TYPE_CHECKING:
@@ -41,10 +41,5 @@ BACKEND = Backend(
 register(BACKEND)
 
 
-def __getattr__(name: str) -> Any:
-    # Ids and plugins of earlier releases name "openenv_gym.adapters.ors:ORSAdapter".
-    if name == "ORSAdapter":
-        from openenv_gym.adapters.ors.adapter import ORSAdapter
-
-        return ORSAdapter
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Ids and plugins of earlier releases name "openenv_gym.adapters.ors:ORSAdapter".
+__getattr__ = lazy_names(__name__, {"ORSAdapter": "openenv_gym.adapters.ors.adapter"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from openenv_gym.backends import Backend, register
+from openenv_gym.backends import Backend, lazy_names, register
 from openenv_gym.pins import requirement_name
 
 if TYPE_CHECKING:
@@ -45,10 +45,5 @@ BACKEND = Backend(
 register(BACKEND)
 
 
-def __getattr__(name: str) -> Any:
-    # Ids and plugins of earlier releases name "openenv_gym.adapters.verifiers:adapter_spec".
-    if name == "adapter_spec":
-        from openenv_gym.adapters.verifiers.adapter import adapter_spec
-
-        return adapter_spec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Ids and plugins of earlier releases name "openenv_gym.adapters.verifiers:adapter_spec".
+__getattr__ = lazy_names(__name__, {"adapter_spec": "openenv_gym.adapters.verifiers.adapter"})
