@@ -475,3 +475,30 @@ def test_an_isolated_id_plays_the_same(tmp_path):
         assert env.submit(answer=env.calculator(expression=question(prompt))) == "Correct!"
         assert env.get_reward() == 1.0
     assert time.monotonic() - start < 900
+
+
+ECHO = "openenv/TRLEcho-v0"  # an OpenEnv MCP env: one split, `default`, that never ends (task k is seed k)
+if ECHO not in gym.registry:
+    gym.register(ECHO, entry_point=ENTRY_POINT, vector_entry_point=VECTOR_ENTRY_POINT,
+                 kwargs={"adapter": ADAPTERS["openenv"], "source": str(ENVS / "openenv_echo_env"), "in_process": True})
+
+
+@pytest.mark.needs("openenv", "datasets")
+def test_each_env_takes_its_own_split_and_an_endless_one_needs_a_row_count():
+    with EnvSpec(ECHO) as spec:
+        with pytest.raises(ConfigurationError, match="never ends .*num_tasks="):
+            _ = spec.train_dataset
+    with EnvSpec(ECHO, num_tasks=3) as spec:
+        ds = spec.train_dataset
+        assert ds["split"] == ["default"] * 3 and ds["index"] == [0, 1, 2]
+        env = spec.environment_factory()
+        assert isinstance(env.reset(split="default", index=2), str)  # the row's task starts
+    # A mixture: Arithmetic's rows from its own train split, the echo env's from `default`.
+    with EnvSpec({ARITHMETIC: 1, ECHO: 1}, num_tasks=4) as spec:
+        ds = spec.train_dataset
+        assert {(e, s) for e, s in zip(ds["environment"], ds["split"])} == {(ARITHMETIC, "train"), (ECHO, "default")}
+    with EnvSpec({ARITHMETIC: 1, ECHO: 1}, num_tasks=4, split={ARITHMETIC: "test"}) as spec:
+        assert {(e, s) for e, s in zip(spec.train_dataset["environment"], spec.train_dataset["split"])} == \
+            {(ARITHMETIC, "test"), (ECHO, "default")}
+    with pytest.raises(ConfigurationError, match="does not hold: openenv/Nope-v0"):
+        EnvSpec(ARITHMETIC, split={"openenv/Nope-v0": "train"})

@@ -50,7 +50,7 @@ from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.pool import SessionPool, Slot
 from openenv_gym.registration import ENTRY_POINT, check_id, check_make_kwargs
 from openenv_gym.trl.tools import check_names, schema_loss, tool_function
-from openenv_gym.wire import Message
+from openenv_gym.wire import UNBOUNDED_TASKS, Message
 
 __all__ = ["EnvSpec", "Environment", "env_reward"]
 
@@ -63,7 +63,10 @@ class EnvSpec:
     Args:
         id_or_mapping: a registered id (``"openenv/Arithmetic-v0"``), or a mapping of ids to
             weights (``{"openenv/Arithmetic-v0": 3, "openenv/MyVerifiersEnv-v0": 1}``).
-        split: the split the dataset's tasks come from.
+        split: the split the dataset's tasks come from: a name for every id, a mapping of ids to
+            names (a mixture of envs whose splits differ), or ``None`` (the default): each env's
+            own, as ``gym.make`` picks it (its ``train`` split, else its first: an OpenEnv env
+            offers only ``default``).
         num_tasks: how many rows (``None``: every task of the split). For a mixture, the total,
             shared by weight.
         indices: these task indices of ``split`` (one id only; not with ``num_tasks``).
@@ -79,7 +82,7 @@ class EnvSpec:
     started; one left open is closed at interpreter exit.
     """
 
-    def __init__(self, id_or_mapping: str | Mapping[str, float], *, split: str = "train",
+    def __init__(self, id_or_mapping: str | Mapping[str, float], *, split: str | Mapping[str, str] | None = None,
                  num_tasks: int | None = None, indices: Sequence[int] | None = None, **env_kwargs: Any):
         if num_tasks is not None and indices is not None:
             raise ConfigurationError("give num_tasks or indices, not both")
@@ -103,11 +106,20 @@ class EnvSpec:
         else:
             raise ConfigurationError(f"EnvSpec takes an id or a mapping of ids to weights, not "
                                      f"{type(id_or_mapping).__name__}")
+        if isinstance(split, Mapping):
+            unknown = sorted(set(split) - set(weights))
+            if unknown:
+                raise ConfigurationError(f"split= names ids the spec does not hold: {', '.join(unknown)}")
+            splits: dict[str, str | None] = {id: split.get(id) for id in weights}
+        elif split is None or isinstance(split, str):
+            splits = dict.fromkeys(weights, split)
+        else:
+            raise ConfigurationError(f"split must be a name, a mapping of ids to names, or None; not {type(split).__name__}")
         self.split = split
         self.num_tasks = num_tasks
         self.indices = None if indices is None else [int(i) for i in indices]
         self.weights = weights
-        self._envs = {id: _Env(id, split, env_kwargs) for id in weights}  # every name checked before anything starts
+        self._envs = {id: _Env(id, splits[id], env_kwargs) for id in weights}  # every name checked before anything starts
 
     # -- the three members TRL takes ---------------------------------------------------------------
     @cached_property
@@ -116,15 +128,16 @@ class EnvSpec:
         appends what ``reset`` returns), ``split``, ``index`` and, for a mixture, ``environment``."""
         from datasets import Dataset
 
-        plan = {id: self._envs[id].indices(self.split, self.num_tasks if not self.mixture else None, self.indices)
-                for id in self._envs}
+        # A mixture shares num_tasks out by weight; an endless env of one takes at most that many.
+        plan = {id: env.indices(self.num_tasks if not self.mixture else None, self.indices, endless=self.num_tasks)
+                for id, env in self._envs.items()}
         if self.mixture:
             rows = _mix({id: (self.weights[id], plan[id]) for id in plan}, self.num_tasks)
         else:
             rows = [(next(iter(plan)), i) for i in next(iter(plan.values()))]
         columns: dict[str, list[Any]] = {
             "prompt": [[{"role": "user", "content": ""}] for _ in rows],
-            "split": [self.split] * len(rows),
+            "split": [self._envs[id].split for id, _ in rows],
             "index": [i for _, i in rows],
         }
         if self.mixture:
@@ -165,14 +178,14 @@ class EnvSpec:
 class _Env:
     """One id of a spec: its adapter recipe, its pool of slots, its environment class."""
 
-    def __init__(self, id: str, split: str, env_kwargs: dict[str, Any]):
+    def __init__(self, id: str, split: str | None, env_kwargs: dict[str, Any]):
         check_id(id)
         spec = gym.spec(id)
         if spec.entry_point != ENTRY_POINT:
             raise ConfigurationError(f"{id} is not an openenv_gym environment (its entry point is "
                                      f"{spec.entry_point!r})")
         check_make_kwargs(id, env_kwargs, vector=True)  # before anything starts
-        self.id, self.split = id, split
+        self.id, self._split = id, split
         self.entry = str({**(spec.kwargs or {}), **env_kwargs}.get("adapter") or "")
         self._pool_kwargs = {k: v for k, v in env_kwargs.items() if k not in ("render_mode", "split")}
         self._pool: SessionPool | None = None
@@ -197,7 +210,18 @@ class _Env:
         """Whether the agent's answer is a plain-text message (Verifiers), rather than a tool call."""
         return self.kind.startswith("verifiers") or not self.pool.tools
 
-    def indices(self, split: str, num_tasks: int | None, indices: list[int] | None) -> list[int]:
+    @cached_property
+    def split(self) -> str:
+        """The split the id's rows come from: the one given, else the env's own (``train``, else its first)."""
+        if self._split is not None:
+            return self._split
+        names = [s.name for s in runtime.run_sync(self.pool.splits())]
+        if not names:
+            raise ConfigurationError(f"{self.id} offers no split to take tasks from")
+        return next((n for n in names if n == "train"), names[0])
+
+    def indices(self, num_tasks: int | None, indices: list[int] | None, endless: int | None = None) -> list[int]:
+        split = self.split
         n = runtime.run_sync(self.pool.num_tasks(split))
         if indices is not None:
             bad = [i for i in indices if not 0 <= i < n]
@@ -206,6 +230,11 @@ class _Env:
             return list(indices)
         if n == 0:
             raise ConfigurationError(f"{self.id}: split {split!r} has no tasks")
+        if n == UNBOUNDED_TASKS and num_tasks is None:
+            if endless is not None:
+                return list(range(endless))
+            raise ConfigurationError(f"{self.id}: split {split!r} never ends (task k is seed k): pass num_tasks= "
+                                     "for the rows to train on")
         return list(range(n if num_tasks is None else min(n, num_tasks)))
 
     def environment_class(self) -> type[Environment]:
