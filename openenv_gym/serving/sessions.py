@@ -38,7 +38,7 @@ from openenv_gym.errors import ConfigurationError, EpisodeNotStarted, TaskNotFou
 from openenv_gym.pool import SessionPool, Slot
 from openenv_gym.serving.content import message_items, text_of
 from openenv_gym.serving.limits import END_TIMEOUT, SESSION_IDLE_TIMEOUT, TASK_RANGE_LIMIT
-from openenv_gym.wire import Message, Split, ToolSpec
+from openenv_gym.wire import UNBOUNDED_TASKS, Message, Split, ToolSpec
 
 __all__ = ["ServedEnv", "Session", "CallOutcome", "RESPOND", "answers_in_text", "listed", "served_name"]
 
@@ -374,8 +374,16 @@ class ServedEnv:
         return await self.pool.task(split, resolved)
 
     async def task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
-        """The task specs of ``split[start:stop]`` (slice semantics), at most :data:`TASK_RANGE_LIMIT`."""
-        indices = range(await self.num_tasks(split))[start:stop]
+        """The task specs of ``split[start:stop]`` (slice semantics), at most :data:`TASK_RANGE_LIMIT`.
+
+        A split that never ends (``num_tasks`` is :data:`~openenv_gym.wire.UNBOUNDED_TASKS`) has no
+        end to count from: it takes a range from a start, ``0 <= start <= stop``."""
+        count = await self.num_tasks(split)
+        if count == UNBOUNDED_TASKS and (stop is None or stop < 0 or (start or 0) < 0):
+            raise ConfigurationError(
+                f"split {split!r} never ends (its num_tasks, {UNBOUNDED_TASKS:,}, stands for 'unbounded': task k is "
+                "the env's reset with seed k): ask for a range with 0 <= start <= stop")
+        indices = range(count)[start:stop]
         if len(indices) > TASK_RANGE_LIMIT:
             raise ConfigurationError(f"{len(indices)} tasks asked at once; at most TASK_RANGE_LIMIT="
                                      f"{TASK_RANGE_LIMIT} per request: ask for a range (task_range start/stop)")

@@ -196,3 +196,19 @@ def test_an_openenv_source_served_in_process_plays_as_gym_make_does():
     finally:
         reference.close()
         assert served.stop() == 0
+
+
+def test_a_split_that_never_ends_is_served_over_ors_as_a_range_to_ask_for():
+    served = start_serve(*ECHO, "in_process=true", "--protocol", "ors", "--max-sessions", "2")
+    try:
+        with httpx.Client(headers=served.headers, timeout=60) as client:
+            env = client.get(f"{served.url}/list_environments").json()[0]
+            assert client.get(f"{served.url}/{env}/splits").json() == [{"name": "default", "type": "train"}]
+            count = client.post(f"{served.url}/{env}/num_tasks", json={"split": "default"}).json()["num_tasks"]
+            assert count == 2**31 - 1  # an int an ORS client reads; the docs say it stands for "unbounded"
+            everything = client.post(f"{served.url}/{env}/tasks", json={"split": "default"})
+            assert everything.status_code == 400 and "never ends" in everything.json()["detail"]
+            ranged = client.post(f"{served.url}/{env}/task_range", json={"split": "default", "start": 0, "stop": 3})
+            assert [t["seed"] for t in ranged.json()["tasks"]] == [0, 1, 2]
+    finally:
+        assert served.stop() == 0
