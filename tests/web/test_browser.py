@@ -269,6 +269,10 @@ def test_play_calculator_then_submit_gets_reward_1(watched: Watched, tmp_path: P
         status = page.inner_text("#status")
         assert "total reward 1" in status and "last reward 1" in status and "episode ended: terminated" in status
         assert page.inner_text("#chat .role-tool >> nth=1").endswith("Correct!")
+        # The episode is over: its tools and reply wait for a new one, and the status says how.
+        assert page.is_disabled("form[data-tool=submit] button[type=submit]")
+        assert page.is_disabled("#reply button[type=submit]") and not page.is_disabled("#r-go")
+        assert "New episode starts another" in status
         page.click("#save")
         wait_until(page, "document.querySelector('#saved').textContent.startsWith('saved 1 episode')")
         if SHOTS:
@@ -288,6 +292,9 @@ def test_play_calculator_then_submit_gets_reward_1(watched: Watched, tmp_path: P
         play.stop()
     [record] = read_records(tmp_path / "mine.jsonl")
     assert record.total_reward == 1.0 and record.terminated
+    calls = [c["id"] for m in record.messages for c in m.get("tool_calls") or []]
+    answers = [m["tool_call_id"] for m in record.messages if m["role"] == "tool"]
+    assert len(calls) == 2 and len(set(calls)) == 2 and answers == calls  # each answer names its own call
 
 
 def test_play_shows_a_slow_step_and_a_bad_argument(watched: Watched, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@
   let busy = false;
   let toolsKey = null;
   let leaving = false;
+  let callCount = 0;  // tool calls made from this page: each gets its own id
 
   $("env-id").textContent = boot.env_id;
   document.title = boot.env_id + " · openenv-gym play";
@@ -36,10 +37,19 @@
     box.textContent = text || "";
   }
 
+  // Whether the episode on the page has ended: its tools and reply then wait for a new episode.
+  function ended() {
+    const r = state && state.record;
+    return !!(r && (r.terminated || r.truncated));
+  }
+  function isStepButton(b) {
+    return !!b.closest("#tools, #reply");
+  }
+
   let ticker = null;
   function setBusy(on) {
     busy = on;
-    for (const b of document.querySelectorAll("button")) b.disabled = on;
+    for (const b of document.querySelectorAll("button")) b.disabled = on || (ended() && isStepButton(b));
     clearInterval(ticker);
     if (on) {
       const start = Date.now();
@@ -92,6 +102,7 @@
       if (!tools.length) $("tools").append(el("p", "muted", "This env offers no tools: reply with text."));
     }
     $("saved").textContent = s.saved.count ? "saved " + s.saved.count + (s.saved.count === 1 ? " episode" : " episodes") + " to " + s.saved.path : "appends to " + s.saved.path;
+    for (const b of document.querySelectorAll("button")) b.disabled = busy || (ended() && isStepButton(b));
     renderStatus();
   }
 
@@ -109,6 +120,7 @@
       if (s.last) bar.append(el("span", "badge" + (s.last.reward > 0 ? " good" : ""), "last reward " + OG.num(s.last.reward)));
       if (r.terminated) bar.append(el("span", "ended", "episode ended: terminated"));
       else if (r.truncated) bar.append(el("span", "truncated", "episode ended: truncated"));
+      if (r.terminated || r.truncated) bar.append(el("span", "muted", "New episode starts another"));
       if (s.last && s.last.error) bar.append(el("span", "badge error", OG.errorText(s.last.error)));
     }
     if (s.problem) bar.append(el("span", "badge error", s.problem + " (start a new episode)"));
@@ -215,7 +227,10 @@
         if (got.ok && !got.omit) args[key] = got.value;
       }
       if (!ok) return;
-      act("api/step", { action: { role: "assistant", content: null, tool_calls: [{ type: "function", function: { name: name, arguments: JSON.stringify(args) } }] } });
+      // An id of its own per call: a record's calls and their answers pair up without doubt.
+      callCount += 1;
+      const id = "call_" + callCount;
+      act("api/step", { action: { role: "assistant", content: null, tool_calls: [{ id: id, type: "function", function: { name: name, arguments: JSON.stringify(args) } }] } });
     });
     return form;
   }
