@@ -3,17 +3,18 @@
 The servers listen on 127.0.0.1 only, but any user of the machine can reach a loopback port, and
 rollouts hold tasks and answers while ``play`` drives a live session. So every route, the page,
 its data and its API alike, needs the server's random token: in the URL's ``token`` query (what
-the printed URL carries; the page then gets a cookie and is redirected to a URL without it, so
-the token does not stay in the address bar or the history), in the cookie, or in an
-``Authorization: token ...`` header (scripts). Without one a route answers 401, with a wrong one
-403; the token is compared in constant time and never logged or echoed.
+the printed URL carries; the page's own WebSocket too) or in an ``Authorization: token ...``
+header (what the page's scripts send, and scripts). No cookie ever holds it: browsers send a
+host's cookies to every port of it, so another local server would collect it. Without a token a
+route answers 401, with a wrong one 403; the token is compared in constant time and never logged
+or echoed.
 
 Beyond the token, what a browser could be tricked into:
 
-* Another site's page making the browser call the server (CSRF, WebSocket hijacking): the cookie
-  is ``SameSite=Strict``, a state-changing request must be ``application/json`` (which a form
-  cannot send, and a cross-site script cannot send without a preflight no route answers), and a
-  request carrying a foreign ``Origin`` is refused.
+* Another site's page making the browser call the server (CSRF, WebSocket hijacking): the browser
+  holds no credential it would attach by itself, a state-changing request must be
+  ``application/json`` (which a form cannot send, and a cross-site script cannot send without a
+  preflight no route answers), and a request carrying a foreign ``Origin`` is refused.
 * DNS rebinding (a hostile name that resolves to 127.0.0.1): the ``Host`` header must name the
   loopback address or ``localhost`` on this server's port.
 * The token leaking through ``Referer`` or a cache: ``Referrer-Policy: no-referrer`` and
@@ -46,8 +47,7 @@ class Access:
 
     Args:
         token: the secret every request must carry.
-        port: the port the server listens on (set once bound: ``Host`` and ``Origin`` must name
-            it); the cookie is named after it, since browsers share cookies across a host's ports.
+        port: the port the server listens on (set once bound: ``Host`` and ``Origin`` must name it).
     """
 
     def __init__(self, token: str | None = None, port: int = 0):
@@ -57,10 +57,6 @@ class Access:
     @property
     def token(self) -> str:
         return self.guard.token or ""
-
-    @property
-    def cookie(self) -> str:
-        return f"openenv_gym_{self.port}"
 
     def url(self, path: str = "/") -> str:
         """The URL to print: loopback, this port, the token in the query."""
@@ -88,8 +84,7 @@ class Access:
         if request.host not in self._hosts():
             return _refuse(403, "this server answers only on 127.0.0.1 and localhost")
         from_query = request.query.get("token")
-        given = from_query or Guard.credential(request.headers.get(hdrs.AUTHORIZATION)) \
-            or request.cookies.get(self.cookie)
+        given = from_query or Guard.credential(request.headers.get(hdrs.AUTHORIZATION))
         status = self.guard.check(given)
         if status == 401:
             return _refuse(401, "this page needs the token printed with its URL (…/?token=…)")
@@ -100,15 +95,7 @@ class Access:
             return _refuse(403, "requests from other sites are refused")
         if request.method not in ("GET", "HEAD") and request.content_type != "application/json":
             return _refuse(403, "state-changing requests must be application/json")
-        if from_query is not None and request.method == "GET" and request.path == "/" \
-                and hdrs.UPGRADE not in request.headers:
-            # Trade the token in the URL for a cookie, and show a URL without it.
-            response: web.StreamResponse = web.Response(status=303, headers={hdrs.LOCATION: "/"})
-        else:
-            response = await handler(request)
-        if from_query is not None and not response.prepared:
-            response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
-        return response
+        return await handler(request)
 
 
 def _refuse(status: int, text: str) -> web.Response:

@@ -284,7 +284,8 @@ def test_play_calculator_then_submit_gets_reward_1(watched: Watched, tmp_path: P
         wait_until(page, "document.querySelector('#status').textContent.includes('task test/3')")
         assert page.locator("#chat .role-assistant").count() == 0
         watched.only_to(play.prefix)
-        assert watched.sockets == [play.prefix.replace("http://", "ws://") + "api/live"]
+        assert watched.sockets == [play.prefix.replace("http://", "ws://") + "api/live?token=" + play.url.split("token=")[1]]
+        assert page.context.cookies() == []  # the token is in no cookie, which other local servers would get
         page.close()  # the last page: the server stops after --linger, and the env with it
         assert play.process.wait(30) == 0
         assert procs.wait_dead(servers) == []

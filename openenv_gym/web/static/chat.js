@@ -6,6 +6,14 @@
   "use strict";
   const OG = (window.OG = window.OG || {});
 
+  // The page's token, from the URL it was opened with (the printed one): sent with every request
+  // to its server as a header, never kept in a cookie, which a browser would also send to every
+  // other server on this host, whatever its port.
+  OG.token = new URLSearchParams(location.search).get("token") || "";
+  OG.authHeaders = function () {
+    return OG.token ? { Authorization: "token " + OG.token } : {};
+  };
+
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;

@@ -18,7 +18,7 @@
   document.title = boot.env_id + " · openenv-gym play";
 
   async function call(method, path, body) {
-    const options = { method: method, credentials: "same-origin", headers: {} };
+    const options = { method: method, credentials: "omit", headers: OG.authHeaders() };
     if (body !== undefined) {
       options.headers["Content-Type"] = "application/json";
       options.body = JSON.stringify(body);
@@ -260,7 +260,9 @@
   $("save").addEventListener("click", () => act("api/save", {}));
 
   function connect() {
-    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/api/live");
+    // A WebSocket takes no headers: its token goes in its own URL, which no address bar shows.
+    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/api/live?token=" +
+                             encodeURIComponent(OG.token));
     ws.addEventListener("close", function () {
       if (!leaving) banner("The server has stopped: run openenv-gym play again to go on.");
     });

@@ -65,7 +65,7 @@
     };
   }
   async function getJSON(url) {
-    const response = await fetch(url, { credentials: "same-origin" });
+    const response = await fetch(url, { credentials: "omit", headers: OG.authHeaders() });
     const body = await response.json().catch(function () {
       return { error: "the server answered " + response.status };
     });
