@@ -76,8 +76,9 @@ class JsonlWriter:
         self._mutex = threading.Lock()
 
     def _open(self) -> int:
-        # Read access too: the last byte is read to see whether a line was left unfinished.
-        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # Read access too: the last byte is read to see whether a line was left unfinished. A new
+        # file is its user's alone (0600): records hold the runs' model text and tokens.
+        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
 
     @property
     def closed(self) -> bool:

@@ -242,3 +242,14 @@ except OSError as exc:
     writer.write(b'{"i": 3}\n')
     writer.close()
     assert path.read_bytes() == b'{"i": 1}\n{"i": 3}\n'
+
+
+def test_a_new_record_file_is_its_users_alone(tmp_path):
+    """Records hold the runs' model text and tokens (play's Save writes through the same writer)."""
+    path = tmp_path / "records.jsonl"
+    writer = JsonlWriter(path)
+    try:
+        writer.write(b'{"env": "x", "messages": []}\n')
+    finally:
+        writer.close()
+    assert path.stat().st_mode & 0o777 == 0o600
