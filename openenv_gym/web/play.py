@@ -46,6 +46,7 @@ from openenv_gym.runtime import Worker
 from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
 from openenv_gym.web.serving import STOP, LoopbackServer, run
+from openenv_gym.wire import loads_plain_json
 from openenv_gym.wrappers.conversation import new_messages, sent_message
 from openenv_gym.wrappers.record import JsonlWriter
 
@@ -254,9 +255,17 @@ def make_app(session: PlaySession, worker: Worker, linger: float = 30.0) -> web.
         return web.json_response(body, status=status, dumps=_dumps)
 
     async def act(request: web.Request, kind: type[Any], fn: Callable[[Any], Callable[[], Any]]) -> web.Response:
+        # Read as serve reads a body (bounded depth, plain JSON), then shaped: a body nested past
+        # MAX_JSON_DEPTH is a 400 like any other bad body, never the decoder's RecursionError.
         try:
-            body = msgspec.json.decode(await request.read(), type=kind)
-        except msgspec.DecodeError as exc:
+            value, why = loads_plain_json((await request.read()).decode("utf-8"))
+        except UnicodeDecodeError:
+            return answer("bad request: the body is not UTF-8", 400)
+        if why is not None:
+            return answer(f"bad request: {why}", 400)
+        try:
+            body = msgspec.convert(value, kind)
+        except msgspec.ValidationError as exc:
             return answer(f"bad request: {exc}", 400)
         try:
             await on_worker(fn(body))

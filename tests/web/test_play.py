@@ -102,6 +102,12 @@ def test_text_replies_bad_calls_and_tasks_by_split_and_index(arithmetic) -> None
         assert response.status_code == 400, body
         assert response.json()["error"].startswith("bad request")
     assert client.post("/api/step", content=b"{", headers={"Content-Type": "application/json"}).status_code == 400
+    for deep in (b'{"action": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                 b'{"action": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}"):
+        for path in ("/api/step", "/api/reset"):  # nested past any decoder: a JSON 400, as a bad field is
+            response = client.post(path, content=deep, headers={"Content-Type": "application/json"})
+            assert response.status_code == 400 and response.json()["error"].startswith("bad request"), response.text[:200]
+    assert client.get("/api/state").status_code == 200
 
 
 def test_a_slow_step_leaves_the_server_answering(serve, tmp_path: Path) -> None:
