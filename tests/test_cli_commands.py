@@ -203,3 +203,13 @@ def test_bench_skips_ray_rows_without_ray(monkeypatch):
     assert rows[0].skipped and "pip install -e '.[ray]'" in rows[0].skipped and not rows[0].error
     assert rows[1].steps_per_sec > 0
     assert "skipped: ray is not installed" in bench.table(rows)
+
+
+def test_view_of_a_file_whose_name_is_not_utf8_prints_it_escaped(tmp_path):
+    name = os.fsdecode(b"runs-\xff.jsonl")
+    (tmp_path / name).write_text(json.dumps({"env": ARITH, "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "openenv_gym.cli", "view", name, "--html", "page.html"], cwd=tmp_path,
+                          capture_output=True, timeout=300, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    assert b"wrote 1 episode to page.html" in done.stdout
+    assert "runs-\\\\udcff.jsonl" in (tmp_path / "page.html").read_text()  # named, escaped (then JSON-escaped)

@@ -31,7 +31,7 @@ import msgspec
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.records import EpisodeRecord, decode_record
 
-__all__ = ["Rollouts", "expand", "load", "episode_text", "MAX_NOTES"]
+__all__ = ["Rollouts", "expand", "load", "episode_text", "printable", "MAX_NOTES"]
 
 MAX_NOTES = 50
 """Notes kept about skipped lines (a corrupt file could have millions); the rest are counted."""
@@ -294,6 +294,12 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> Rollouts:
 
 
 def _labels(files: list[Path]) -> list[str]:
-    """Short names for the files: their names, or their paths where two share a name."""
+    """Short names for the files: their names, or their paths where two share a name; a byte of
+    a name that is not UTF-8 is shown escaped (``\udcff``), so a terminal and a page can print it."""
     names = [f.name for f in files]
-    return [str(f) if names.count(f.name) > 1 else f.name for f in files]
+    return [printable(str(f) if names.count(f.name) > 1 else f.name) for f in files]
+
+
+def printable(name: str) -> str:
+    """``name`` with any byte that is not UTF-8 (a file name's) written as an escape."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -25,7 +25,7 @@ from aiohttp import web
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
-from openenv_gym.web.rollouts import Rollouts, load
+from openenv_gym.web.rollouts import Rollouts, load, printable
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.web.summary import summarize
 
@@ -105,7 +105,7 @@ def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[s
         raise ConfigurationError(f"cannot write the page to {target}: its folder {target.parent} does not exist")
     rollouts = load(paths)
     if not len(rollouts):
-        raise ConfigurationError(f"no episode records in {', '.join(map(str, paths))}: nothing to show" + _why(rollouts))
+        raise ConfigurationError(f"no episode records in {', '.join(printable(str(p)) for p in paths)}: nothing to show" + _why(rollouts))
     data = render_file(rollouts, title=_title(paths))
     # A fresh name of our own beside the target (never a guessable one a link could sit at), born
     # 0600: the page holds the runs' model text; replaced in one step, so a reader never opens half a page.
@@ -131,7 +131,7 @@ def _episodes(n: int) -> str:
 
 
 def _title(paths: Sequence[str | os.PathLike[str]]) -> str:
-    names = [Path(p).name for p in paths]
+    names = [printable(Path(p).name) for p in paths]
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
@@ -179,7 +179,7 @@ def view_server(paths: Iterable[str | os.PathLike[str]], port: int = 0) -> tuple
     paths = list(paths)
     rollouts = load(paths)
     if not len(rollouts):
-        raise ConfigurationError(f"no episode records in {', '.join(map(str, paths))}: nothing to show" + _why(rollouts))
+        raise ConfigurationError(f"no episode records in {', '.join(printable(str(p)) for p in paths)}: nothing to show" + _why(rollouts))
     return LoopbackServer(make_app(rollouts, _title(paths)), Access(), port), rollouts
 
 
@@ -190,7 +190,8 @@ def view_command(paths: Sequence[str], html: str | None = None, port: int = 0, o
     if html is not None:
         rollouts = write_html(paths, html)
         _report(rollouts, out)
-        print(f"wrote {_episodes(len(rollouts))} to {html} (one self-contained file: open it in a browser)", file=out)
+        print(f"wrote {_episodes(len(rollouts))} to {printable(str(html))} (one self-contained file: open it in a browser)",
+              file=out)
         return 0
     server, rollouts = view_server(paths, port)
     _report(rollouts, out)
