@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 
 from openenv_gym.errors import ConfigurationError
-from openenv_gym.serving.limits import TOKEN_ENV
+from openenv_gym.serving.limits import RETRY_AFTER, TOKEN_ENV, WRONG_TOKENS_PER_SECOND
 from openenv_gym.tokens import Guard, new_token
 
 __all__ = ["Access", "is_loopback", "new_token"]
@@ -60,6 +61,8 @@ class Access:
             raise ConfigurationError("a serving token must be a string of at least 16 characters")
         self.guard = Guard(token)
         self.generated = generated
+        # A token bucket of wrong guesses: brute force slows to WRONG_TOKENS_PER_SECOND.
+        self._allowance, self._refilled = 2 * WRONG_TOKENS_PER_SECOND, time.monotonic()
 
     @classmethod
     def for_bind(cls, host: str | None, token: str | None) -> Access:
@@ -97,5 +100,17 @@ class Access:
             return web.json_response({"detail": "this server needs its token: 'Authorization: Bearer <token>' "
                                                 "or 'X-API-Key: <token>'"}, status=401)
         if status == 403:
+            if not self._may_guess():
+                return web.json_response({"detail": "too many wrong tokens: retry later"}, status=429,
+                                         headers={"Retry-After": str(RETRY_AFTER)})
             return web.json_response({"detail": "wrong token"}, status=403)
         return await handler(request)
+
+    def _may_guess(self) -> bool:
+        now = time.monotonic()
+        self._allowance = min(2 * WRONG_TOKENS_PER_SECOND, self._allowance + (now - self._refilled) * WRONG_TOKENS_PER_SECOND)
+        self._refilled = now
+        if self._allowance < 1:
+            return False
+        self._allowance -= 1
+        return True

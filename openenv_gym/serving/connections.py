@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.web import RequestHandler
 
-__all__ = ["ConnectionGuard"]
+__all__ = ["ConnectionGuard", "MalformedRequests"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -66,3 +68,26 @@ class ConnectionGuard:
             if server is not None:
                 with contextlib.suppress(Exception):  # a connection closing as it is read: next sweep
                     self.sweep(server)
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs every request its parser refuses with a traceback quoting the request's bytes
+    (a ``?token=`` among them): this filter on its ``aiohttp.server`` logger turns them into one
+    line at most every ``interval`` s, counting them and naming the error's type, no request text."""
+
+    def __init__(self, interval: float):
+        super().__init__()
+        self.interval, self.count, self._last = interval, 0, -math.inf
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Error handling request"):
+            return True
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return False
+        kind = type(record.exc_info[1]).__name__ if record.exc_info and record.exc_info[1] else "error"
+        record.msg, record.args = "refused %d malformed request(s) (%s); requests are not logged", (self.count, kind)
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        self.count, self._last = 0, now
+        return True

@@ -8,7 +8,8 @@ from __future__ import annotations
 __all__ = [
     "PROTOCOLS", "MAX_SESSIONS", "SESSION_IDLE_TIMEOUT", "TOKEN_ENV", "MAX_REQUEST_BYTES", "MAX_MESSAGE_BYTES",
     "TASK_RANGE_LIMIT", "SSE_CHUNK", "SSE_PING_INTERVAL", "CALL_LINGER", "RETRY_AFTER", "END_TIMEOUT",
-    "START_TIMEOUT", "STOP_TIMEOUT", "AUTH_TIMEOUT", "MAX_PENDING_CONNECTIONS",
+    "START_TIMEOUT", "STOP_TIMEOUT", "AUTH_TIMEOUT", "MAX_PENDING_CONNECTIONS", "WRONG_TOKENS_PER_SECOND",
+    "MALFORMED_LOG_INTERVAL",
 ]
 
 PROTOCOLS = ("ors", "openenv")
@@ -46,3 +47,9 @@ AUTH_TIMEOUT = 10.0
 (a silent or half-sent connection would hold a file descriptor for ever)."""
 MAX_PENDING_CONNECTIONS = 256
 """Most connections that have not yet passed the token check kept open at once; the oldest go first."""
+WRONG_TOKENS_PER_SECOND = 10.0
+"""Wrong tokens answered 403 per second (in bursts of twice that); beyond, 429 with ``Retry-After``.
+The right token is never slowed."""
+MALFORMED_LOG_INTERVAL = 10.0
+"""Seconds between the lines that count malformed requests (aiohttp's parser refused them); none
+quotes a request, which may hold a token."""

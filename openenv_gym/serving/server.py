@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import signal
 import sys
@@ -34,10 +35,11 @@ from openenv_gym.processes import tune_gc
 from openenv_gym.serving import openenv as openenv_protocol
 from openenv_gym.serving import ors as ors_protocol
 from openenv_gym.serving.access import Access
-from openenv_gym.serving.connections import ConnectionGuard
+from openenv_gym.serving.connections import ConnectionGuard, MalformedRequests
 from openenv_gym.serving.http import json_errors
 from openenv_gym.serving.limits import (
     AUTH_TIMEOUT,
+    MALFORMED_LOG_INTERVAL,
     MAX_PENDING_CONNECTIONS,
     MAX_REQUEST_BYTES,
     MAX_SESSIONS,
@@ -142,6 +144,7 @@ class Server:
         if isinstance(auth_timeout, bool) or not isinstance(auth_timeout, (int, float)) or not auth_timeout > 0:
             raise ConfigurationError("auth_timeout must be a positive number of seconds")
         self.connections = ConnectionGuard(float(auth_timeout), MAX_PENDING_CONNECTIONS)
+        self._quiet = MalformedRequests(MALFORMED_LOG_INTERVAL)
         self._watch: asyncio.Task[None] | None = None
         self.env_id, self.protocol = env_id, protocol
         self.host, self.port = host, port
@@ -185,7 +188,9 @@ class Server:
                               middlewares=[self.access.middleware, self.connections.middleware, json_errors])
         self.served = ServedEnv(self.env_id, self.pool, session_idle_timeout=self.session_idle_timeout)
         _ROUTES[self.protocol](app, self.served, __version__)
-        # No access log: a logged request line or header could hold the token.
+        # No access log, and malformed requests counted, not quoted: a request line or header could
+        # hold the token.
+        logging.getLogger("aiohttp.server").addFilter(self._quiet)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_GRACE)
         await runner.setup()
         self._runner = runner
@@ -227,6 +232,7 @@ class Server:
                     self.uds.unlink()
 
     async def _astop(self) -> None:
+        logging.getLogger("aiohttp.server").removeFilter(self._quiet)
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.cancel()

@@ -57,3 +57,27 @@ def test_auth_timeout_must_be_positive():
 
     with pytest.raises(ConfigurationError, match="auth_timeout"):
         served("openenv/Arithmetic-v0", auth_timeout=0).__enter__()
+
+
+def test_wrong_tokens_are_slowed_and_malformed_requests_are_counted_not_quoted():
+    from serve_helpers import ARITHMETIC, start_serve
+
+    served = start_serve(ARITHMETIC, "in_process=true", "--max-sessions", "2")
+    try:
+        with httpx.Client(timeout=30) as client:
+            answers = [client.get(f"{served.url}/health", headers={"Authorization": f"Bearer wrong-{i:012d}"}).status_code
+                       for i in range(60)]
+            assert answers[:20] == [403] * 20 and 429 in answers  # a burst, then refused outright
+            assert client.get(f"{served.url}/health", headers=served.headers).json() == {"status": "ok"}  # never the right one
+        host, port = served.url.removeprefix("http://").rsplit(":", 1)
+        for _ in range(200):
+            with socket.create_connection((host, int(port))) as raw:
+                raw.sendall(b"GET /x?token=" + served.token.encode() + b" HTTP/1.1\r\nHost: a\r\nContent-Length: -5\r\n\r\n")
+                raw.recv(1000)
+        time.sleep(0.5)
+        printed = served.output()
+        assert served.token not in printed and "Traceback" not in printed and "Content-Length" not in printed
+        assert printed.count("malformed request") <= 2, printed[-2000:]
+        assert "refused 1 malformed request(s) (BadHttpMessage)" in printed
+    finally:
+        assert served.stop() == 0
