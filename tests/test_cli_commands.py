@@ -213,3 +213,15 @@ def test_view_of_a_file_whose_name_is_not_utf8_prints_it_escaped(tmp_path):
     assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
     assert b"wrote 1 episode to page.html" in done.stdout
     assert "runs-\\\\udcff.jsonl" in (tmp_path / "page.html").read_text()  # named, escaped (then JSON-escaped)
+
+
+def test_view_html_is_bounded_by_a_named_limit(tmp_path, capsys, monkeypatch):
+    from openenv_gym.web import view
+
+    monkeypatch.setattr(view, "MAX_HTML_BYTES", 2000)
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"env": ARITH, "messages": [{"role": "user", "content": "x" * 5000}]}) + "\n")
+    assert main(["view", str(big), "--html", str(tmp_path / "page.html")]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert "over MAX_HTML_BYTES=2,000" in err and "serve it instead" in err
+    assert not (tmp_path / "page.html").exists()

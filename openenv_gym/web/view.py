@@ -25,11 +25,16 @@ from aiohttp import web
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.web.access import Access
 from openenv_gym.web.page import Page, json_block_text
-from openenv_gym.web.rollouts import Rollouts, load, printable
+from openenv_gym.web.rollouts import Rollouts, expand, load, printable
 from openenv_gym.web.serving import LoopbackServer, run
 from openenv_gym.web.summary import summarize
 
-__all__ = ["VIEW_PAGE", "index", "render_file", "write_html", "make_app", "view_server", "view_command"]
+__all__ = ["VIEW_PAGE", "MAX_HTML_BYTES", "index", "render_file", "write_html", "make_app", "view_server", "view_command"]
+
+MAX_HTML_BYTES = 128 * 2**20
+"""The largest page ``view --html`` writes: a browser holds the whole file in memory at once (five
+10 MB records made a 786 MB page that never painted). Bigger runs are served (``view FILE``), which
+reads an episode when it is opened."""
 
 VIEW_PAGE = Page("view.html", styles=["style.css"], scripts=["chat.js", "view.js"], title="openenv-gym view")
 
@@ -103,10 +108,15 @@ def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[s
         raise ConfigurationError(f"cannot write the page to {target}: it is a directory; give a file's path")
     if not target.parent.is_dir():
         raise ConfigurationError(f"cannot write the page to {target}: its folder {target.parent} does not exist")
+    records = sum(p.stat().st_size for p in expand(paths))
+    if records > MAX_HTML_BYTES:  # the page holds every record and more: refused before it is built
+        raise ConfigurationError(_too_big(records))
     rollouts = load(paths)
     if not len(rollouts):
         raise ConfigurationError(f"no episode records in {', '.join(printable(str(p)) for p in paths)}: nothing to show" + _why(rollouts))
     data = render_file(rollouts, title=_title(paths))
+    if len(data) > MAX_HTML_BYTES:
+        raise ConfigurationError(_too_big(len(data)))
     # A fresh name of our own beside the target (never a guessable one a link could sit at), born
     # 0600: the page holds the runs' model text; replaced in one step, so a reader never opens half a page.
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -119,6 +129,12 @@ def write_html(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[s
             os.unlink(tmp)
         raise
     return rollouts
+
+
+def _too_big(size: int) -> str:
+    return (f"the page would hold {size:,} bytes, over MAX_HTML_BYTES={MAX_HTML_BYTES:,}, more than a "
+            "browser opens at once: serve it instead (openenv-gym view FILE, without --html), which reads each episode when "
+            "it is opened")
 
 
 def _why(rollouts: Rollouts) -> str:

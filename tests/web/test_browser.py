@@ -191,7 +191,7 @@ def test_markup_in_a_conversation_stays_text(watched: Watched, serve: Any, tmp_p
     assert json.loads(page.locator("#detail .args").inner_text()) == {"expression": hostile_texts[1]}
     assert "<b>Bold</b>: " + hostile_texts[1] in page.inner_text("#detail .errors")
     page.fill("#f-text", "<script>")
-    wait_until(page, "document.querySelector('#count').textContent === '1 episodes'")
+    wait_until(page, "document.querySelector('#count').textContent === '1 episode'")
     assert page.evaluate("window.__pwned") is None
     assert page.evaluate("document.querySelectorAll('#detail img, #detail script, #detail b').length") == 0
     watched.only_to(prefix)
@@ -355,3 +355,24 @@ def test_play_tool_forms_follow_the_schema(watched: Watched, serve: Any, tmp_pat
                                                                          "items": [1, "two"], "s": "text"}
     assert "typed" in page.inner_text("#chat .role-tool")  # Arithmetic answers: unknown tool
     watched.only_to(served.base + "/")
+
+
+def test_a_megabyte_of_unbroken_text_paints_at_once_and_shows_whole_on_request(watched: Watched, serve: Any,
+                                                                             tmp_path: Path) -> None:
+    """Degenerate model output (one run of a repeated token, base64) has exactly this shape."""
+    from openenv_gym.records import EpisodeRecord, encode_record
+
+    text = "ab" * 500_000
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(encode_record(EpisodeRecord(env="openenv/Arithmetic-v0", messages=[
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": text}], rewards=[0.0])))
+    page = watched.page
+    prefix = open_view(watched, "served", [path], serve, tmp_path)
+    page.click("#list .row[data-i='0']")
+    page.wait_for_selector("#detail .show-all", timeout=10_000)
+    shown_text = "[...document.querySelectorAll('#detail .role-assistant .text')].map(e => e.textContent.length)"
+    assert page.evaluate(shown_text) == [20_000]
+    assert page.inner_text("#detail .show-all") == "show all 1,000,000 characters"
+    page.click("#detail .show-all")
+    wait_until(page, f"{shown_text}[0] === 1000000")
+    watched.only_to(prefix)

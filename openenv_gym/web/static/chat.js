@@ -47,11 +47,32 @@
 
   const IMAGE = /^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=]+$/;
 
+  // Characters of one text drawn at first: a browser lays out a long unbroken run (a repeated
+  // token, base64) in time that grows much faster than its length, so a megabyte of it froze the
+  // page for minutes. The rest is one click away.
+  const SHOWN = 20000;
+  OG.SHOWN = SHOWN;
+  function longText(tag, cls, text) {
+    text = String(text);
+    if (text.length <= SHOWN) return el(tag, cls, text);
+    const box = el("div", "long");
+    const node = el(tag, cls, text.slice(0, SHOWN));
+    const more = el("button", "show-all", "show all " + text.length.toLocaleString("en-US") + " characters");
+    more.type = "button";
+    more.addEventListener("click", function () {
+      node.textContent = text;
+      more.remove();
+    });
+    box.append(node, more);
+    return box;
+  }
+  OG.longText = longText;
+
   function contentNodes(content) {
-    if (typeof content === "string") return [el("div", "text", content)];
-    if (!Array.isArray(content)) return content === null || content === undefined ? [] : [el("pre", "json", JSON.stringify(content, null, 2))];
+    if (typeof content === "string") return [longText("div", "text", content)];
+    if (!Array.isArray(content)) return content === null || content === undefined ? [] : [longText("pre", "json", JSON.stringify(content, null, 2))];
     return content.map(function (part) {
-      if (part && typeof part.text === "string") return el("div", "text", part.text);
+      if (part && typeof part.text === "string") return longText("div", "text", part.text);
       const image = part && part.image_url;
       const url = image && typeof image === "object" ? image.url : image;
       if (typeof url === "string") {
@@ -165,7 +186,7 @@
     box.append(head);
     const args = prettyArgs(fn.arguments);
     if (!args.ok) box.append(el("div", "badge error", "arguments are not valid JSON"));
-    box.append(el("pre", "args", args.text));
+    box.append(longText("pre", "args", args.text));
     return box;
   }
 

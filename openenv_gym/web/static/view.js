@@ -131,7 +131,7 @@
       const fill = el("div", "bar-fill");
       fill.style.height = Math.max(count ? 2 : 0, Math.round((100 * count) / top)) + "%";
       bar.append(el("div", "bar-count", count.toLocaleString("en-US")), fill, el("div", "bar-label", label));
-      bar.title = "reward " + label + ": " + count + " episodes";
+      bar.title = "reward " + label + ": " + count + (count === 1 ? " episode" : " episodes");
       bars.append(bar);
     });
     hist.append(bars);
@@ -245,8 +245,9 @@
     drawList(true);
   }
   function countText(extra) {
+    const episodes = n === 1 ? " episode" : " episodes";
     document.getElementById("count").textContent =
-      (view.length === n ? n.toLocaleString("en-US") + " episodes" : view.length.toLocaleString("en-US") + " of " + n.toLocaleString("en-US") + " episodes") +
+      (view.length === n ? n.toLocaleString("en-US") + episodes : view.length.toLocaleString("en-US") + " of " + n.toLocaleString("en-US") + episodes) +
       (extra ? " · " + extra : "");
   }
 
