@@ -136,6 +136,11 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
     if not adapter:
         raise ConfigurationError(
             "this id names no adapter: register it with kwargs={'adapter': 'module:Class', ...}")
+    if "startup_timeout" in kwargs:  # the adapters' own name of the wait, once the user's too
+        warnings.warn("startup_timeout is start_timeout's old name: pass start_timeout (seconds the env may take to "
+                      "start, its local servers included)", DeprecationWarning, stacklevel=4)
+        kwargs.setdefault("start_timeout", kwargs.pop("startup_timeout"))
+        kwargs.pop("startup_timeout", None)
     check_env_values(kwargs)
     env_kwargs = {k: kwargs.pop(k) for k in ENV_KWARGS if k in kwargs}
     host = {k: kwargs.pop(k) for k in HOST_KWARGS if k in kwargs}
@@ -154,6 +159,8 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
     if accepted is not None:
         for key in [k for k in env_kwargs if k in accepted]:
             spec.kwargs[key] = env_kwargs.pop(key)
+        if "start_timeout" in env_kwargs and "startup_timeout" in accepted:  # one name bounds the wait for a server too
+            spec.kwargs["startup_timeout"] = env_kwargs["start_timeout"]
         spec.check(also=(*ENV_KWARGS, *HOST_KWARGS, *also))
     python = _host_python(spec, **host)
     if python is not None:

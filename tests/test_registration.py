@@ -397,3 +397,23 @@ def test_a_wrong_type_of_env_kwarg_is_named_before_anything_starts(kwargs, says)
         with pytest.raises(ConfigurationError) as raised:
             make("openenv/Arithmetic-v0", **kwargs)
         assert str(raised.value) == says or str(raised.value).startswith(says), str(raised.value)
+
+
+def test_one_name_for_the_start_wait():
+    """The hint names start_timeout alone; startup_timeout, its old name, still works and says so."""
+    from openenv_gym.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as raised:
+        gym.make("openenv/ORS-v0", source=str(ENVS / "ors_probe.py"), env_class="Probe", start_timeot=3)
+    assert "start_timeout" in str(raised.value) and "startup_timeout" not in str(raised.value)
+    with pytest.warns(DeprecationWarning, match="startup_timeout is start_timeout's old name"):
+        env = gym.make("openenv/ORS-v0", source=str(ENVS / "ors_probe.py"), env_class="Probe", startup_timeout=77)
+    try:
+        assert env.unwrapped.adapter.startup_timeout == 77  # the local server's wait, set from the one name
+    finally:
+        env.close()
+    env = gym.make("openenv/ORS-v0", source=str(ENVS / "ors_probe.py"), env_class="Probe", start_timeout=55)
+    try:
+        assert env.unwrapped.adapter.startup_timeout == 55
+    finally:
+        env.close()

@@ -126,6 +126,12 @@ def _shown(name: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+HIDDEN_KWARGS = frozenset({"startup_timeout"})
+"""Adapter parameters the user does not name: ``startup_timeout`` (how long a local server may take
+to answer) is set from the env's ``start_timeout``, one name for the wait (the old one still works,
+with a DeprecationWarning)."""
+
+
 def check_kwargs(names: Iterable[str], accepted: Collection[str], what: str, *, also: Collection[str] = ()) -> None:
     """Raise :class:`ConfigurationError` if a name in ``names`` is not in ``accepted``.
 
@@ -134,7 +140,7 @@ def check_kwargs(names: Iterable[str], accepted: Collection[str], what: str, *, 
     Gymnasium formats a ``TypeError`` from an env creator with every kwarg, a secret included,
     so a wrong name must be refused here first, as a ``ValueError``.
     """
-    known = set(accepted) | set(also)
+    known = (set(accepted) | set(also)) - HIDDEN_KWARGS
     unknown = [n for n in names if n not in accepted]
     if not unknown:
         return

@@ -339,7 +339,7 @@ async def wait_ready(worker: Worker, timeout: float) -> None:
         if client is not None:
             await client.aclose()
     raise BackendTimeout(
-        f"the {worker.label} for {worker.source} was not healthy within startup_timeout={timeout} s; "
+        f"the {worker.label} for {worker.source} was not healthy within {timeout} s (start_timeout); "
         f"its output ends with:\n{worker.log_tail()}"
     )
 
