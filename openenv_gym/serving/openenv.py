@@ -12,8 +12,9 @@ What OpenEnv's clients speak (``GenericEnvClient``, ``MCPToolClient``; docs/back
   "code"}}``. ``/ws?session_id=ID`` attaches the socket to a session made over HTTP MCP, as
   ``MCPToolClient`` does (its default, "production" mode).
 * ``POST /mcp``: JSON-RPC 2.0: ``openenv/session/create`` and ``close``, ``tools/list``,
-  ``tools/call`` (with ``session_id``; the result is the call's observation, reward and ``done``
-  included, as OpenEnv's own server gives for an MCP-style environment).
+  ``tools/call`` (with ``session_id``; the result is the tool's result, as OpenEnv's own server
+  gives it for an MCP environment, so ``MCPToolClient.call_tool`` returns what it returns there; a
+  call the env does not run is a JSON-RPC error, which ``call_tool`` raises as ``RuntimeError``).
 * ``GET /health``, ``/metadata``, ``/schema`` (the schemas of ``CallToolAction``,
   ``CallToolObservation``, ``Observation``, ``State``), and the task API
   (:mod:`openenv_gym.serving.tasks`).
@@ -196,8 +197,15 @@ class _OpenEnv:
             if session is None:
                 raise _RpcFailure(INVALID_PARAMS, "tools/call needs a session: pass session_id (openenv/session/create "
                                                   "makes one), then reset it over /ws?session_id=...")
-            data = _observation(await session.call(name, arguments), name)
-            return {**data["observation"], "done": data["done"], "reward": data["reward"]}
+            # As OpenEnv's own server answers it for an MCP env: the tool's result itself, and a
+            # call it cannot run is a JSON-RPC error (MCPToolClient.call_tool raises on it).
+            outcome = await session.call(name, arguments)
+            if outcome.refused == "not_found":
+                raise _RpcFailure(INVALID_PARAMS, f"Tool not found: {name[:80]}")
+            if outcome.refused is not None:
+                raise _RpcFailure(INVALID_PARAMS if outcome.refused == "input_validation" else INTERNAL_ERROR,
+                                  outcome.error or outcome.refused)
+            return text_of(outcome.items)
         raise _RpcFailure(METHOD_NOT_FOUND, f"Method not found: {method[:80]}")
 
     # -- the WebSocket -------------------------------------------------------------------------------------

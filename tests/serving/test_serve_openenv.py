@@ -51,7 +51,7 @@ def test_mcp_tool_client_lists_calls_and_gets_rewards_as_gym_make_does(arith, re
             # call_tool goes over HTTP /mcp to the same session: the episode moves on there too.
             said, reward, *_ = reference.step(call("calculator", {"expression": "6*7"}))
             out = await env.call_tool("calculator", expression="6*7")
-            assert out["result"]["data"] == said[0]["content"] == "42" and out["reward"] == reward
+            assert out == said[0]["content"] == "42"  # the tool's result, as from OpenEnv's own server
             said, *_ = reference.step(call("nope"))
             refused = await env.step(CallToolAction(tool_name="nope", arguments={}))
             assert refused.observation.error.error_type is ToolErrorType.TOOL_NOT_FOUND
@@ -212,3 +212,56 @@ def test_a_split_that_never_ends_is_served_over_ors_as_a_range_to_ask_for():
             assert [t["seed"] for t in ranged.json()["tasks"]] == [0, 1, 2]
     finally:
         assert served.stop() == 0
+
+
+def test_mcp_tool_client_gets_from_a_served_env_what_openenvs_own_server_gives(tmp_path):
+    """The same MCP env (the echo env) served by OpenEnv's own app under uvicorn, and by
+    ``openenv-gym serve``: ``call_tool`` returns the tool's result from both, and raises on an
+    unknown tool from both."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from openenv.core.mcp_client import MCPToolClient
+
+    async def calls(url: str, headers: dict | None = None) -> list:
+        out: list = []
+        async with MCPToolClient(base_url=url, **({"headers": headers} if headers else {})) as env:
+            await env.reset()
+            for name, args in (("echo", {"message": "Hello!"}), ("nope", {})):
+                try:
+                    out.append(("returned", await env.call_tool(name, **args)))
+                except RuntimeError:
+                    out.append(("raised", RuntimeError.__name__))
+        return out
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    envs = str(ECHO[1].split("=", 1)[1].rsplit("/", 1)[0])
+    theirs = subprocess.Popen([sys.executable, "-m", "uvicorn", "openenv_echo_env.server.app:app", "--port", str(port)],
+                              cwd=envs, env={**os.environ, "PYTHONPATH": envs}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and theirs.poll() is None, "OpenEnv's server did not start"
+            time.sleep(0.2)
+        reference = asyncio.run(calls(f"http://127.0.0.1:{port}"))
+    finally:
+        theirs.terminate()
+        theirs.wait(30)
+    served = start_serve(*ECHO, "in_process=true", "--protocol", "openenv")
+    try:
+        ours = asyncio.run(calls(served.url, served.headers))
+    finally:
+        assert served.stop() == 0
+    assert reference == [("returned", "Hello!"), ("raised", "RuntimeError")]
+    assert ours == reference
