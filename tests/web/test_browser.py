@@ -208,9 +208,9 @@ def test_a_large_list_draws_only_what_is_in_sight(watched: Watched, serve: Any, 
     assert page.evaluate("document.querySelectorAll('#list .row').length") < 80
     page.evaluate("document.querySelector('#list').scrollTop = 1e9")
     wait_until(page, "[...document.querySelectorAll('#list .row:not([hidden])')].some(r => r.dataset.i === '4999')")
-    assert shown(page)[-1]["n"] == "5000"
+    assert shown(page)[-1]["n"] == "5,000"  # counts are written one way on the page
     page.click("#list .row[data-i='4990']")
-    assert page.inner_text("#detail h2") == "Episode 4991"
+    assert page.inner_text("#detail h2") == "Episode 4,991"
     watched.only_to(prefix)
 
 
@@ -375,4 +375,27 @@ def test_a_megabyte_of_unbroken_text_paints_at_once_and_shows_whole_on_request(w
     assert page.inner_text("#detail .show-all") == "show all 1,000,000 characters"
     page.click("#detail .show-all")
     wait_until(page, f"{shown_text}[0] === 1000000")
+    watched.only_to(prefix)
+
+
+@pytest.mark.parametrize("mode", ["served", "file"])
+def test_an_episode_has_a_link_that_opens_it(watched: Watched, serve: Any, tmp_path: Path, rollout_file: Path,
+                                             mode: str) -> None:
+    page = watched.page
+    prefix = open_view(watched, mode, [rollout_file], serve, tmp_path)
+    page.click("#list .row[data-i='2']")
+    wait_until(page, "location.hash === '#episode-3'")
+    link = page.url
+    assert "#episode-3" in link and ("token=" in link) == (mode == "served")  # a served page keeps its token
+    other = watched.page.context.new_page()
+    try:
+        other.goto(link)
+        other.wait_for_selector("body[data-ready='1']")
+        wait_until(other, "document.querySelector('#detail h2') && document.querySelector('#detail h2').textContent === 'Episode 3'")
+        assert other.get_attribute("#list .row[data-i='2']", "class").split().count("selected") == 1
+        # The task column shows the whole task; a cell cut short shows it all on hover.
+        cell = other.locator("#list .row[data-i='2'] .c-task")
+        assert cell.get_attribute("title") == cell.inner_text()
+    finally:
+        other.close()
     watched.only_to(prefix)

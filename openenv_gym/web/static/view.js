@@ -157,15 +157,17 @@
   function endText(i) {
     return term[i] ? "terminated" : trunc[i] ? "truncated" : "–";
   }
+  // Every count on the page is written one way: 1,489.
+  const count = (x) => x.toLocaleString("en-US");
   const COLS = [
-    { key: "n", label: "#", text: (i) => String(i + 1), num: (i) => i },
+    { key: "n", label: "#", text: (i) => count(i + 1), num: (i) => i },
     { key: "env", label: "env", text: (i) => data.envs[envc[i]], str: (i) => data.envs[envc[i]] },
     { key: "task", label: "task", text: (i) => C.task[i], str: (i) => C.task[i] },
     { key: "group", label: "group", text: (i) => (isNaN(group[i]) ? "" : group[i] + "/" + gep[i]), num: (i) => group[i] * 1e6 + gep[i] },
     { key: "advantage", label: "adv.", text: (i) => OG.signed(adv[i]), num: (i) => adv[i] },
     { key: "reward", label: "reward", text: (i) => OG.num(reward[i]), num: (i) => reward[i] },
-    { key: "turns", label: "turns", text: (i) => String(turns[i]), num: (i) => turns[i] },
-    { key: "errors", label: "errors", text: (i) => (errors[i] ? String(errors[i]) : ""), num: (i) => errors[i] },
+    { key: "turns", label: "turns", text: (i) => count(turns[i]), num: (i) => turns[i] },
+    { key: "errors", label: "errors", text: (i) => (errors[i] ? count(errors[i]) : ""), num: (i) => errors[i] },
     { key: "end", label: "end", text: endText, str: endText },
   ];
   const state = { sort: "n", desc: false, env: "", min: NaN, max: NaN, errors: "", end: "", group: null, text: "", matches: null };
@@ -264,7 +266,11 @@
   }
   function fill(row, i) {
     const cells = row.children;
-    for (let k = 0; k < COLS.length; k++) cells[k].textContent = COLS[k].text(i);
+    for (let k = 0; k < COLS.length; k++) {
+      const text = COLS[k].text(i);
+      cells[k].textContent = text;
+      cells[k].title = text;  // a cell cut short shows all of it on hover
+    }
     row.dataset.i = String(i);
     row.classList.toggle("has-errors", errors[i] > 0);
     row.classList.toggle("good", reward[i] > 0);
@@ -393,7 +399,7 @@
     const record = got.record;
     if (!inGroup) {
       const h = el("div", "episode-head");
-      h.append(el("h2", null, "Episode " + (i + 1)));
+      h.append(el("h2", null, "Episode " + count(i + 1)));
       if (!isNaN(group[i])) {
         const b = el("button", "group-button", "group " + group[i] + "/" + gep[i] + " side by side");
         b.type = "button";
@@ -425,6 +431,9 @@
     if (selected !== i) return;
     detail.replaceChildren(episodeBody(i, got, false));
     detail.scrollTop = 0;
+    // The address names the episode (#episode-N): a link to it opens it (the query, a served
+    // page's token, stays as it was).
+    history.replaceState(null, "", location.pathname + location.search + "#episode-" + (i + 1));
   }
   const overlay = document.getElementById("group-view");
   async function showGroup(i) {
@@ -460,6 +469,8 @@
   });
 
   resort();
+  const linked = /^#episode-(\d+)$/.exec(location.hash);
+  if (linked && +linked[1] >= 1 && +linked[1] <= n) select(+linked[1] - 1);
   document.body.dataset.ready = "1";
   // For tests and the benchmark: what the list shows, and a synchronous redraw.
   OG.viewState = { shown: () => view.length, select: select, rows: n, draw: () => drawList(false) };
