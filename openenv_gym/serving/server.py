@@ -29,7 +29,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from openenv_gym import runtime
-from openenv_gym.errors import ConfigurationError
+from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.pool import SessionPool
 from openenv_gym.processes import tune_gc
 from openenv_gym.serving import openenv as openenv_protocol
@@ -77,6 +77,29 @@ class ServedURL(str):
 
     def __repr__(self) -> str:
         return f"ServedURL({str(self)!r})"
+
+
+def _sessions_on_demand(env_id: str, kwargs: dict[str, Any], max_sessions: int) -> dict[str, Any]:
+    """A served env's sessions arrive one by one, not all at once as a vector env's resets do: a
+    local server that allows a few sessions each (most OpenEnv envs allow one) starts its processes
+    as sessions need them, not ``max_sessions`` of them up front (64 took 13 GiB and 153 s). The
+    first workers are the ones the pool's size gives (``server_workers``); then ``expected_sessions``
+    of 1 leaves the rest to be started when a session finds every worker full."""
+    from openenv_gym.adapters.base import AdapterSpec, accepted_kwargs
+    from openenv_gym.adapters.local_servers import default_workers
+    from openenv_gym.registration import EXPECTED_SESSIONS, env_info
+
+    if EXPECTED_SESSIONS in kwargs or "server_workers" in kwargs:
+        return {}
+    adapter = kwargs.get("adapter") or env_info(env_id)["kwargs"].get("adapter")
+    try:
+        target = AdapterSpec(str(adapter)).target() if adapter else None
+    except (OpenEnvGymError, ImportError):
+        return {}  # making the pool says what is wrong
+    accepted = accepted_kwargs(target) if isinstance(target, type) else None  # a front door: its choice decides
+    if not accepted or EXPECTED_SESSIONS not in accepted or "server_workers" not in accepted:
+        return {}
+    return {EXPECTED_SESSIONS: 1, "server_workers": default_workers(max_sessions)}
 
 
 def _pool_kwargs(env_id: str, env_kwargs: dict[str, Any], backend: str, workers: int | None,
@@ -152,6 +175,7 @@ class Server:
         self.max_sessions, self.session_idle_timeout = max_sessions, session_idle_timeout
         self.access = Access.for_bind(None if self.uds is not None else host, token)
         self._pool_kwargs = _pool_kwargs(env_id, env_kwargs, backend, workers, address)
+        self._pool_kwargs.update(_sessions_on_demand(env_id, self._pool_kwargs, max_sessions))
         self._backend = backend
         self.pool: SessionPool | None = None
         self.served: ServedEnv | None = None

@@ -265,3 +265,32 @@ def test_mcp_tool_client_gets_from_a_served_env_what_openenvs_own_server_gives(t
         assert served.stop() == 0
     assert reference == [("returned", "Hello!"), ("raised", "RuntimeError")]
     assert ours == reference
+
+
+def test_a_single_session_env_starts_its_servers_as_sessions_need_them():
+    """OpenEnv's own envs mostly allow one session per process: 64 of them started up front took
+    13 GiB and minutes before `serve` answered. Served, they start as sessions arrive."""
+    from pathlib import Path
+
+    from openenv.core.mcp_client import MCPToolClient
+
+    solo = Path(ECHO[1].split("=", 1)[1]).with_name("openenv_solo_env")
+    served = start_serve("openenv/OpenEnv-v0", f"source={solo}", "--protocol", "openenv", "--max-sessions", "16")
+    try:
+        servers = lambda: [p for p in procs.descendants(served.pid) if "local_servers/serve.py" in procs.cmdline(p)]  # noqa: E731
+        assert len(servers()) <= 2  # the first workers, not sixteen
+
+        async def three_at_once() -> list:
+            clients = [MCPToolClient(base_url=served.url, headers=served.headers) for _ in range(3)]
+            for client in clients:
+                await client.__aenter__()
+            try:
+                return [await client.reset() for client in clients]
+            finally:
+                for client in clients:
+                    await client.__aexit__(None, None, None)
+
+        openings = asyncio.run(three_at_once())
+        assert all(not o.done for o in openings) and len(servers()) == 3  # one per session held at once
+    finally:
+        assert served.stop() == 0
