@@ -295,7 +295,7 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> Rollouts:
 
 def _labels(files: list[Path]) -> list[str]:
     """Short names for the files: their names, or their paths where two share a name; a byte of
-    a name that is not UTF-8 is shown escaped (``\udcff``), so a terminal and a page can print it."""
+    a name that is not UTF-8 is shown escaped (``\\udcff``), so a terminal and a page can print it."""
     names = [f.name for f in files]
     return [printable(str(f) if names.count(f.name) > 1 else f.name) for f in files]
 
