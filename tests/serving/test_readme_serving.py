@@ -39,8 +39,10 @@ def test_the_serving_page_commands_run_as_written(monkeypatch):
     monkeypatch.chdir(ROOT)  # the commands name files relative to the checkout
     commands = serve_lines()
     assert len(commands) >= 3 and any("--protocol" not in c for c in commands)
-    served = [start_serve(*args) for args in commands]
+    served = []
     try:
+        for args in commands:  # one by one: a command that fails to start still stops those before it
+            served.append(start_serve(*args))
         for process, args in zip(served, commands):
             port = args[args.index("--port") + 1]
             assert process.url == f"http://127.0.0.1:{port}"
