@@ -38,7 +38,7 @@ from openenv_gym.adapters.base import Adapter
 from openenv_gym.errors import ConcurrentUse, ConfigurationError, inherited
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.runners import Runner, SessionRunner
-from openenv_gym.session import START_TIMEOUT, STEP_TIMEOUT, EnvSession
+from openenv_gym.session import START_TIMEOUT, STEP_TIMEOUT, EnvSession, check_env_values
 from openenv_gym.spaces import AssistantAction, Messages
 from openenv_gym.wire import Message, Split
 
@@ -88,9 +88,8 @@ class AgentEnv(RedactedSpec, gym.Env[list[Message], Any]):
     ):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigurationError(f"render_mode must be one of {self.metadata['render_modes']}")
-        for name, value in (("step_timeout", step_timeout), ("start_timeout", start_timeout)):
-            if value is not None and not value > 0:
-                raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
+        check_env_values({"split": split, "max_turns": max_turns, "step_timeout": step_timeout,
+                          "start_timeout": start_timeout})
         if (adapter is None) == (runner is None):
             raise ConfigurationError("AgentEnv needs an adapter, or a runner (python=, isolate=True)")
         self._owner = os.getpid()  # a forked child must never touch this env's sessions

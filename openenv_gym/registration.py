@@ -44,6 +44,7 @@ from gymnasium.envs.registration import get_env_id
 from openenv_gym import backends
 from openenv_gym.errors import CatalogError, ConfigurationError
 from openenv_gym.redact import RedactedEnvSpec, redact_kwargs
+from openenv_gym.session import check_env_values
 
 if TYPE_CHECKING:
     from openenv_gym.adapters.base import AdapterSpec
@@ -166,25 +167,6 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
     if python is not None:
         env_kwargs["python"] = python
     return spec, env_kwargs
-
-
-def check_env_values(kwargs: dict[str, Any]) -> None:
-    """Refuse an env kwarg of the wrong type or range by its name, before anything is built.
-
-    >>> check_env_values({"max_turns": "eight"})
-    Traceback (most recent call last):
-    openenv_gym.errors.ConfigurationError: max_turns must be a positive integer or None, not 'eight' (str)
-    """
-    turns = kwargs.get("max_turns")
-    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
-        raise ConfigurationError(f"max_turns must be a positive integer or None, not {turns!r} ({type(turns).__name__})")
-    for name in ("step_timeout", "start_timeout"):
-        value = kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-            raise ConfigurationError(f"{name} must be a positive number of seconds or None, not {value!r} ({type(value).__name__})")
-    split = kwargs.get("split")
-    if split is not None and not isinstance(split, str):
-        raise ConfigurationError(f"split must be a split's name (a string) or None, not {split!r} ({type(split).__name__})")
 
 
 def check_make_kwargs(id: str, kwargs: dict[str, Any], *, vector: bool = False) -> None:

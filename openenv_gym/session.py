@@ -29,7 +29,7 @@ from openenv_gym.errors import (
 from openenv_gym.wire import UNBOUNDED_TASKS, Message, TaskRef, ToolSpec, to_plain_json
 
 __all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "TaskCursor", "check_steppable",
-           "pick_index"]
+           "pick_index", "check_env_values"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
 
@@ -42,6 +42,27 @@ START_TIMEOUT = 600.0
 """The default ``start_timeout`` of every env and vector env: the seconds starting may take (a local
 source launches a server; an isolated env starts a host process; Ray places actors) before it is
 abandoned with :class:`~openenv_gym.errors.BackendTimeout` naming that limit."""
+
+
+def check_env_values(kwargs: dict[str, Any]) -> None:
+    """Refuse an env kwarg of the wrong type or range by its name (``gym.make`` checks them before
+    anything is built; :class:`~openenv_gym.env.AgentEnv` again, for a direct caller).
+
+    >>> check_env_values({"max_turns": "eight"})
+    Traceback (most recent call last):
+    openenv_gym.errors.ConfigurationError: max_turns must be a positive integer or None, not 'eight' (str)
+    """
+    turns = kwargs.get("max_turns")
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise ConfigurationError(f"max_turns must be a positive integer or None, not {turns!r} ({type(turns).__name__})")
+    for name in ("step_timeout", "start_timeout"):
+        value = kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigurationError(f"{name} must be a positive number of seconds or None, not {value!r} ({type(value).__name__})")
+    split = kwargs.get("split")
+    if split is not None and not isinstance(split, str):
+        raise ConfigurationError(f"split must be a split's name (a string) or None, not {split!r} ({type(split).__name__})")
+
 
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 
@@ -138,8 +159,7 @@ class EnvSession:
     """
 
     def __init__(self, adapter: Adapter, *, split: str | None = None, max_turns: int | None = None):
-        if max_turns is not None and max_turns < 1:
-            raise ConfigurationError("max_turns must be a positive integer or None")
+        check_env_values({"split": split, "max_turns": max_turns})
         self.adapter = adapter
         self.split = split
         self.max_turns = max_turns
