@@ -502,3 +502,5 @@ def test_each_env_takes_its_own_split_and_an_endless_one_needs_a_row_count():
             {(ARITHMETIC, "test"), (ECHO, "default")}
     with pytest.raises(ConfigurationError, match="does not hold: openenv/Nope-v0"):
         EnvSpec(ARITHMETIC, split={"openenv/Nope-v0": "train"})
+    with pytest.raises(ConfigurationError, match="split names"):
+        EnvSpec(ARITHMETIC, split={ARITHMETIC: 3})

@@ -111,6 +111,9 @@ class EnvSpec:
             if unknown:
                 raise ConfigurationError(f"split= names ids the spec does not hold: {', '.join(unknown)}")
             splits: dict[str, str | None] = {id: split.get(id) for id in weights}
+            bad = sorted(id for id, name in splits.items() if name is not None and not isinstance(name, str))
+            if bad:
+                raise ConfigurationError(f"split= maps ids to split names (strings); not so for {', '.join(bad)}")
         elif split is None or isinstance(split, str):
             splits = dict.fromkeys(weights, split)
         else:
