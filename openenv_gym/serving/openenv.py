@@ -77,11 +77,17 @@ def _observation(outcome: CallOutcome, tool_name: str) -> dict[str, Any]:
         result = None
     else:
         error = None
-        result = {"content": outcome.items, "structured_content": None, "data": text_of(outcome.items),
-                  "is_error": False}
+        result = {"content": outcome.items, "structured_content": outcome.structured,
+                  "data": _value(outcome), "is_error": False}
     return {"observation": {"tool_name": tool_name, "result": result, "error": error, "metadata": meta},
             "reward": outcome.reward, "done": outcome.finished or outcome.refused == "episode_finished",
             "metadata": meta}
+
+
+def _value(outcome: CallOutcome) -> Any:
+    """The tool's result as OpenEnv's server gives it: the tool's own value where the env gave
+    one (a dict tool's dict), else its text."""
+    return outcome.data if outcome.data is not None else text_of(outcome.items)
 
 
 def _error(message: str, code: str, **extra: Any) -> str:
@@ -205,7 +211,7 @@ class _OpenEnv:
             if outcome.refused is not None:
                 raise _RpcFailure(INVALID_PARAMS if outcome.refused == "input_validation" else INTERNAL_ERROR,
                                   outcome.error or outcome.refused)
-            return text_of(outcome.items)
+            return _value(outcome)
         raise _RpcFailure(METHOD_NOT_FOUND, f"Method not found: {method[:80]}")
 
     # -- the WebSocket -------------------------------------------------------------------------------------

@@ -110,7 +110,9 @@ class CallOutcome(msgspec.Struct):
 
     items: list[dict[str, Any]]
     """The content items of the env's new messages (:mod:`openenv_gym.serving.content`)."""
-    reward: float = 0.0
+    reward: float | None = 0.0
+    """The step's reward; ``None`` when the env reported none for the call (an OpenEnv tool
+    without a reward, an ORS output with ``reward: null``), as the env's own server sends it."""
     terminated: bool = False
     truncated: bool = False
     turn: int = 0
@@ -119,6 +121,11 @@ class CallOutcome(msgspec.Struct):
     arguments), ``episode_finished`` (the episode had ended; nothing was stepped)."""
     error: str | None = None
     """The refusal as the agent reads it, or the env's ``info["error"]`` message."""
+    data: Any = None
+    """The tool's own value where the env gave one beside its text (an OpenEnv MCP tool's
+    ``data``: a dict tool's dict), else ``None``."""
+    structured: Any = None
+    """The tool's structured content where the env gave it (FastMCP's ``structured_content``)."""
 
     @property
     def finished(self) -> bool:
@@ -130,6 +137,15 @@ class CallOutcome(msgspec.Struct):
         if self.error is not None:
             meta["error"] = self.error
         return meta
+
+
+def _reported(reward: float, records: Any) -> float | None:
+    """The step's reward as the env reported it: ``None`` when every call's record says the env
+    gave none (Gymnasium's reward counted it 0), else ``reward``."""
+    if reward == 0.0 and isinstance(records, list) and records and all(
+            isinstance(r, dict) and "reward" in r and r["reward"] is None for r in records):
+        return None
+    return reward
 
 
 class Session:
@@ -210,8 +226,13 @@ class Session:
             if isinstance(info.get("tools"), list):
                 self.env_tools = {t.name: t for t in map(ToolSpec.from_openai, info["tools"])}
             error = info.get("error")
-            outcome = CallOutcome(message_items(obs), float(reward), bool(terminated), bool(truncated), self.turns,
-                                  error=error.get("message") if isinstance(error, dict) else None)
+            records = info.get("calls")
+            record = records[0] if isinstance(records, list) and len(records) == 1 and isinstance(records[0], dict) \
+                else {}
+            outcome = CallOutcome(message_items(obs), _reported(float(reward), records), bool(terminated),
+                                  bool(truncated), self.turns,
+                                  error=error.get("message") if isinstance(error, dict) else None,
+                                  data=record.get("data"), structured=record.get("structured_content"))
             if problem is not None and not self.done:
                 # The env answered the call without running it: the protocols' own refusal, in the
                 # env's words (an ended episode is reported as such, never as a refusal).

@@ -144,7 +144,7 @@ def test_mcp_env_plays_like_openenv_client(servers):
     env = gym.make("openenv/OpenEnv-v0", url=url)
     try:
         obs, info = env.reset(options={"index": 3})  # without the task API, task i is the server's seed i
-        assert sorted(t["function"]["name"] for t in info["tools"]) == ["echo", "fail", "guess"]
+        assert sorted(t["function"]["name"] for t in info["tools"]) == ["describe", "echo", "fail", "guess"]
         guess = next(t for t in info["tools"] if t["function"]["name"] == "guess")
         assert guess["function"]["parameters"]["properties"]["number"]["type"] == "integer"
         assert info["metadata"]["hint"] == "guess a digit"

@@ -179,7 +179,7 @@ def test_an_openenv_source_served_in_process_plays_as_gym_make_does():
             async with MCPToolClient(base_url=served.url, headers=served.headers) as env:
                 opening = await env.reset(split="default", index=index)
                 assert opening.observation.metadata["prompt"] == obs
-                assert sorted(t.name for t in await env.list_tools()) == ["echo", "fail", "guess"]
+                assert sorted(t.name for t in await env.list_tools()) == ["describe", "echo", "fail", "guess"]
                 for name, args in (("echo", {"message": "hi"}), ("fail", {"reason": "x"}),
                                    ("guess", {"number": (index + 1) % 10}), ("guess", {"number": index % 10})):
                     said, reward, terminated, _, _ = reference.step(call(name, args))
@@ -216,25 +216,35 @@ def test_a_split_that_never_ends_is_served_over_ors_as_a_range_to_ask_for():
 
 def test_mcp_tool_client_gets_from_a_served_env_what_openenvs_own_server_gives(tmp_path):
     """The same MCP env (the echo env) served by OpenEnv's own app under uvicorn, and by
-    ``openenv-gym serve``: ``call_tool`` returns the tool's result from both, and raises on an
-    unknown tool from both."""
+    ``openenv-gym serve``: ``call_tool`` returns the tool's result from both (a dict tool's dict, not
+    its JSON text), and raises on an unknown tool from both; a step over the socket gives the same
+    observation, reward (``None`` where the env gives none) and ``done`` from both."""
     import os
     import socket
     import subprocess
     import sys
     import time
 
+    from openenv.core.generic_client import GenericEnvClient
     from openenv.core.mcp_client import MCPToolClient
 
     async def calls(url: str, headers: dict | None = None) -> list:
         out: list = []
         async with MCPToolClient(base_url=url, **({"headers": headers} if headers else {})) as env:
             await env.reset()
-            for name, args in (("echo", {"message": "Hello!"}), ("nope", {})):
+            for name, args in (("echo", {"message": "Hello!"}), ("describe", {"word": "noon"}), ("nope", {})):
                 try:
                     out.append(("returned", await env.call_tool(name, **args)))
                 except RuntimeError:
                     out.append(("raised", RuntimeError.__name__))
+        async with GenericEnvClient(base_url=url, **({"headers": headers} if headers else {})) as env:
+            await env.reset(seed=4)
+            for name, args in (("echo", {"message": "hi"}), ("describe", {"word": "ab"}), ("guess", {"number": 3}),
+                               ("guess", {"number": 4})):
+                step = await env.step({"type": "call_tool", "tool_name": name, "arguments": args})
+                result = step.observation["result"]
+                out.append(("stepped", name, result.get("data"), result.get("structured_content"),
+                            result.get("is_error"), step.reward, step.done))
         return out
 
     with socket.socket() as s:
@@ -263,7 +273,9 @@ def test_mcp_tool_client_gets_from_a_served_env_what_openenvs_own_server_gives(t
         ours = asyncio.run(calls(served.url, served.headers))
     finally:
         assert served.stop() == 0
-    assert reference == [("returned", "Hello!"), ("raised", "RuntimeError")]
+    described = {"word": "noon", "length": 4, "letters": ["n", "o"]}
+    assert reference[:3] == [("returned", "Hello!"), ("returned", described), ("raised", "RuntimeError")]
+    assert [row[-2:] for row in reference[3:]] == [(None, False), (None, False), (0.0, False), (1.0, True)]
     assert ours == reference
 
 
@@ -294,3 +306,51 @@ def test_a_single_session_env_starts_its_servers_as_sessions_need_them():
         assert all(not o.done for o in openings) and len(servers()) == 3  # one per session held at once
     finally:
         assert served.stop() == 0
+
+
+def test_workers_started_for_a_burst_of_sessions_stop_once_idle(monkeypatch):
+    """Three sessions at once start three single-session servers; once the sessions have ended
+    and IDLE_WORKER_TIMEOUT has passed, only the first worker still runs (a burst must not leave
+    its processes behind until `serve` exits)."""
+    import os
+    import time
+    from pathlib import Path
+
+    from openenv.core.mcp_client import MCPToolClient
+
+    from openenv_gym.adapters.local_servers import group
+    from openenv_gym.serving import Server
+
+    monkeypatch.setattr(group, "IDLE_WORKER_TIMEOUT", 1.0)
+    solo = Path(ECHO[1].split("=", 1)[1]).with_name("openenv_solo_env")
+    local = lambda: {p for p in procs.descendants(os.getpid()) if "local_servers/serve.py" in procs.cmdline(p)}  # noqa: E731
+    others = local()  # another test's servers (a module fixture's)
+    servers = lambda: sorted(local() - others)  # noqa: E731
+    server = Server("openenv/OpenEnv-v0", source=str(solo), protocol="openenv", max_sessions=8)
+    url = server.start()
+    try:
+        first = servers()
+        assert len(first) == 1
+
+        async def three_at_once() -> None:
+            clients = [MCPToolClient(base_url=url, headers=url.headers) for _ in range(3)]
+            for client in clients:
+                await client.__aenter__()
+            try:
+                for client in clients:
+                    await client.reset()
+                assert len(servers()) == 3
+            finally:
+                for client in clients:
+                    await client.__aexit__(None, None, None)
+
+        asyncio.run(three_at_once())
+        deadline = time.monotonic() + 30
+        while len(servers()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert servers() == first  # the burst's workers stopped, the first one kept
+
+        asyncio.run(three_at_once())  # and they start again when needed
+    finally:
+        server.stop()
+    assert servers() == []

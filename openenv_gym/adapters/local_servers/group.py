@@ -23,6 +23,9 @@ learns its capacity the same way but cannot grow.
 
 **Lifecycle.** The workers start together and are health-checked together; a dead one is
 restarted alone (:meth:`ServerGroup.heal`; the others' sessions go on); all stop together, by PID.
+A worker started beyond the first ones and beyond what the expected sessions need is stopped once
+it has run no episode for :data:`IDLE_WORKER_TIMEOUT` (:meth:`ServerGroup.retire_idle`); sessions
+kept open on it between episodes end with it.
 Every adapter of the process asking for the same launch (and the same first worker count) shares
 one group, reference counted (:func:`acquire`, :func:`release`): the last user stops it, and so
 does interpreter exit (:func:`stop_all`); each child also ends itself if this process dies.
@@ -53,6 +56,7 @@ from openenv_gym.errors import BackendUnavailable, ConfigurationError
 __all__ = [
     "Lease", "Servers", "ServerGroup", "RemoteServer", "RemoteServers", "acquire", "release", "stop_all",
     "default_workers", "check_workers", "SESSIONS_PER_WORKER", "MAX_DEFAULT_WORKERS", "MAX_SERVER_WORKERS",
+    "IDLE_WORKER_TIMEOUT",
 ]
 
 SESSIONS_PER_WORKER = 8
@@ -60,6 +64,11 @@ SESSIONS_PER_WORKER = 8
 
 MAX_DEFAULT_WORKERS = 8
 """The most workers :func:`default_workers` picks on its own (more only when asked)."""
+
+IDLE_WORKER_TIMEOUT = 60.0
+"""Seconds a worker started beyond the group's first ones (for sessions beyond what was expected:
+``serve``'s sessions arrive one by one) may run no episode before it is stopped: a burst of
+sessions must not leave its processes (tens to hundreds of MiB each) running for good."""
 
 MAX_SERVER_WORKERS = 256
 """The most workers a source may run at all, asked for or started for capacity (a typo, or a
@@ -318,6 +327,8 @@ class ServerGroup(Servers):
         self._starting: list[Worker] = []  # spawned, not yet in `workers` (stop() ends them too)
         self._restarts: dict[int, asyncio.Task[None]] = {}
         self._growth: asyncio.Task[None] | None = None
+        self._idle_since: dict[Worker, float] = {}
+        self._retirer: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<ServerGroup {self.label} workers={len(self.workers)} pids={self.pids()}>"
@@ -406,6 +417,42 @@ class ServerGroup(Servers):
             raise BackendUnavailable(f"the {self.label} for {self.key[0]} was stopped")
         self.workers.extend(new)
         self._learn_from(new)
+        if self._retirer is None:
+            self._retirer = asyncio.get_running_loop().create_task(self._retire_loop())
+
+    # -- idle workers ------------------------------------------------------------------------------
+    @property
+    def floor(self) -> int:
+        """Workers kept whatever their load: the first ones, and those the expected sessions need."""
+        return max(self.size, math.ceil(self.expected / (self.capacity or 1)))
+
+    async def retire_idle(self, now: float | None = None) -> int:
+        """Stop the workers beyond :attr:`floor` that ran no episode for :data:`IDLE_WORKER_TIMEOUT`
+        (the newest first); the number stopped. Sessions kept on them between episodes end with
+        them (an adapter drops its idle sockets to a server no longer in :attr:`workers`)."""
+        now = time.monotonic() if now is None else now
+        retired: list[Worker] = []
+        for worker in reversed(self.workers[self.floor:]):
+            if worker.busy:  # sessions kept between episodes (idle OpenEnv sockets) do not count
+                self._idle_since.pop(worker, None)
+            elif now - self._idle_since.setdefault(worker, now) >= IDLE_WORKER_TIMEOUT:
+                retired.append(worker)
+        if not retired or self._restarts:  # a restart holds slot numbers: retire on the next pass
+            return 0
+        self.workers = [w for w in self.workers if w not in retired]
+        for worker in retired:
+            self._idle_since.pop(worker, None)
+        await asyncio.to_thread(_stop_all, retired)
+        return len(retired)
+
+    async def _retire_loop(self) -> None:
+        try:
+            while not self.closed and len(self.workers) > self.floor:
+                await asyncio.sleep(IDLE_WORKER_TIMEOUT / 4)
+                if not self.closed:
+                    await self.retire_idle()
+        finally:
+            self._retirer = None
 
     def _learn_from(self, workers: list[Worker]) -> None:
         """Take the app's own session limit, as the launcher read it, once a worker is ready."""
@@ -474,6 +521,12 @@ class ServerGroup(Servers):
     def stop(self, grace: float = 5.0) -> None:
         """Stop every worker at once (their grace periods overlap), by PID, and remove their directories."""
         self.closed = True
+        retirer = self._retirer
+        if retirer is not None:
+            try:  # stop() may run on another thread (atexit, asyncio.to_thread)
+                retirer.get_loop().call_soon_threadsafe(retirer.cancel)
+            except RuntimeError:
+                pass  # its loop is closed: the task went with it
         _stop_all([*self.workers, *self._starting], grace)
 
 

@@ -14,8 +14,10 @@ onto the Gymnasium contract (docs/backends.md, OpenEnv):
 * **Typed-action environments**: one tool, ``step``, whose parameters are the Action model's JSON
   schema from ``/schema`` without ``metadata``; the observation's fields other than ``reward``,
   ``done`` and ``metadata`` become the tool message (text as text, the rest as JSON).
-* ``reward`` ``None`` counts 0; ``done`` is ``terminated`` (sticky: calls after it are not sent);
-  ``max_turns`` truncates. The raw observation goes to ``info["observation"]``, its ``metadata``
+* ``reward`` ``None`` counts 0 (``info["calls"][i]["reward"]`` keeps the ``None``, and an MCP
+  tool's own value, a dict tool's dict, is its ``data`` and ``structured_content`` there, which
+  ``serve`` hands back to OpenEnv's clients as OpenEnv's server does); ``done`` is ``terminated``
+  (sticky: calls after it are not sent); ``max_turns`` truncates. The raw observation goes to ``info["observation"]``, its ``metadata``
   to ``info["metadata"]``: never to the agent (an imported ORS task's spec, answers included,
   is in there).
 * An action the server rejects (``VALIDATION_ERROR``, ``INVALID_JSON``) is a message to the agent,
@@ -501,6 +503,16 @@ class OpenEnvAdapter(ServerReport, Adapter):
         else:
             channel.abort()
 
+    def _idle_servers(self) -> list[Server]:
+        """The servers holding an idle socket of ours; those of a server that left the group (an
+        idle worker stopped, see ``IDLE_WORKER_TIMEOUT``) are dropped on the way."""
+        servers = self.endpoint.servers
+        live = servers.workers if servers is not None else ()
+        for server in [s for s in self._idle if s not in live]:
+            for channel in self._idle.pop(server):
+                channel.abort()
+        return [s for s, idle in self._idle.items() if idle]
+
     async def open_session(self, data: dict[str, Any]) -> tuple[AnyChannel, dict[str, Any]]:
         """A socket whose environment was just reset with ``data``, and the reset's reply.
 
@@ -519,7 +531,7 @@ class OpenEnvAdapter(ServerReport, Adapter):
         backoff = runtime.Backoff(base=0.05, cap=1.0)
         attempt = 0
         while True:
-            server = await endpoint.place([s for s, idle in self._idle.items() if idle])
+            server = await endpoint.place(self._idle_servers())
             idle = self._idle.get(server)
             if idle:
                 channel = idle.pop()
@@ -703,6 +715,12 @@ class OpenEnvEpisode(Episode):
             messages.append(tool_message(call.id, call.name, content))
             record: dict[str, Any] = {"name": call.name, "ok": error is None, "reward": data.get("reward"),
                                       "done": bool(data.get("done"))}
+            result = observation.get("result") if adapter.mcp else None
+            if isinstance(result, dict):
+                # The tool's own value (a dict tool's dict), which the message's text flattens.
+                for key in ("data", "structured_content"):
+                    if result.get(key) is not None:
+                        record[key] = result[key]
             if error is not None:
                 record["error"] = error
                 info["error"] = {"type": "ToolError", "message": error, "tool": call.name}

@@ -1,4 +1,5 @@
-"""An MCP environment: ``echo`` answers its message, ``guess`` finds the hidden number, ``fail`` raises.
+"""An MCP environment: ``echo`` answers its message, ``describe`` answers a dict, ``guess`` finds
+the hidden number, ``fail`` raises.
 
 The hidden number is ``seed % 10`` (7 without a seed). A right guess gives reward 1.0 and ends
 the episode, a wrong one 0.0; ``echo`` gives no reward (``None``).
@@ -23,6 +24,11 @@ class EchoEnvironment(MCPEnvironment):
         def echo(message: str) -> str:
             """Echo the message back."""
             return message
+
+        @mcp.tool
+        def describe(word: str) -> dict:
+            """The word's length and its letters, as a dict."""
+            return {"word": word, "length": len(word), "letters": sorted(set(word))}
 
         @mcp.tool
         def guess(number: int) -> str:
