@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 import numpy as np
@@ -28,6 +28,7 @@ from openenv_gym.wire import Message, ToolSpec
 __all__ = ["Policy", "RandomPolicy", "OpenAIPolicy", "tools_from_info"]
 
 
+@runtime_checkable
 class Policy(Protocol):
     """Chooses actions for sub-envs identified by id."""
 

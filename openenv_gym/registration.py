@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NAMESPACE", "ADAPTERS", "needs", "ENTRY_POINT", "VECTOR_ENTRY_POINT", "ENV_KWARGS", "VECTOR_KWARGS", "EXPECTED_SESSIONS",
-    "make_env", "make_vec", "check_make_kwargs", "register_all", "list_environments", "env_info", "env_id", "check_id",
+    "make_env", "make_vec", "check_make_kwargs", "adapter_spec", "register_all", "list_environments", "env_info", "env_id", "check_id",
 ]
 
 NAMESPACE = "openenv"
@@ -172,9 +172,16 @@ def _adapter_and_env_kwargs(adapter: str | None, kwargs: dict[str, Any],
 def check_make_kwargs(id: str, kwargs: dict[str, Any], *, vector: bool = False) -> None:
     """Refuse, as ``gym.make(id, **kwargs)`` (or ``gym.make_vec``) would, any kwarg ``id`` cannot
     take, before anything is built: for a caller that builds later (a session pool, a TRL spec)."""
+    adapter_spec(id, kwargs, vector=vector)
+
+
+def adapter_spec(id: str, kwargs: dict[str, Any], *, vector: bool = False) -> tuple[AdapterSpec, dict[str, Any]]:
+    """What ``gym.make(id, **kwargs)`` would build: the adapter's spec and the env's kwargs
+    (checked as ``gym.make`` checks them; nothing is built), for a caller that builds the adapter
+    itself (:mod:`openenv_gym.multiagent`)."""
     spec = gym.spec(check_id(id))
     given = {**(spec.kwargs or {}), **kwargs}
-    _adapter_and_env_kwargs(given.pop("adapter", None), given, also=VECTOR_KWARGS if vector else ())
+    return _adapter_and_env_kwargs(given.pop("adapter", None), given, also=VECTOR_KWARGS if vector else ())
 
 
 def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> Interpreter | None:

@@ -29,7 +29,7 @@ from openenv_gym.errors import (
 from openenv_gym.wire import UNBOUNDED_TASKS, Message, TaskRef, ToolSpec, to_plain_json
 
 __all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "TaskCursor", "check_steppable",
-           "pick_index", "check_env_values"]
+           "pick_index", "pick_task", "check_env_values", "checked_options"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
 
@@ -67,7 +67,7 @@ def check_env_values(kwargs: dict[str, Any]) -> None:
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 
 
-def _checked_options(options: Any) -> dict[str, Any]:
+def checked_options(options: Any) -> dict[str, Any]:
     """``reset``'s options, validated; a bad one is the caller's mistake: ConfigurationError.
 
     A ``task`` spec goes to the backend as it is, so it must be plain JSON (see
@@ -149,6 +149,25 @@ def pick_index(n: int, rng: np.random.Generator, cursor: TaskCursor) -> int:
     return cursor.take() if n == UNBOUNDED_TASKS else int(rng.integers(n))
 
 
+async def pick_task(adapter: Adapter, split: str | None, options: dict[str, Any], rng: np.random.Generator,
+                    cursor: TaskCursor) -> TaskRef:
+    """The task a reset plays: ``options["task"]`` (a spec), else ``options["index"]`` of ``split``
+    (default: the adapter's first train split), else one drawn from ``rng`` (the cursor's in an
+    endless split). ``options`` are checked ones (:func:`checked_options`)."""
+    split = split or await adapter.default_split()
+    if options.get("task") is not None:
+        return TaskRef(split=split, spec=options["task"])
+    n = await adapter.num_tasks(split)
+    if n == 0:
+        raise TaskNotFound(f"split {split!r} has no tasks")
+    index = options.get("index")
+    if index is None:
+        index = pick_index(n, rng, cursor)
+    elif not 0 <= int(index) < n:
+        raise TaskNotFound(f"index {index} is outside split {split!r} (0..{n - 1})")
+    return TaskRef(split=split, index=int(index))
+
+
 class EnvSession:
     """The episode state of one env: its rng, its running episode, its turn count.
 
@@ -188,22 +207,11 @@ class EnvSession:
         """
         if seed is not None:
             self.seed(seed)
-        options = _checked_options(options)
+        options = checked_options(options)
         await self.aclose()
         adapter = self.adapter
-        split = options.get("split") or self.split or await adapter.default_split()
-        if options.get("task") is not None:
-            ref = TaskRef(split=split, spec=options["task"])
-        else:
-            n = await adapter.num_tasks(split)
-            if n == 0:
-                raise TaskNotFound(f"split {split!r} has no tasks")
-            index = options.get("index")
-            if index is None:
-                index = pick_index(n, self.np_random, self.cursor)
-            elif not 0 <= int(index) < n:
-                raise TaskNotFound(f"index {index} is outside split {split!r} (0..{n - 1})")
-            ref = TaskRef(split=split, index=int(index))
+        ref = await pick_task(adapter, options.get("split") or self.split, options, self.np_random, self.cursor)
+        split = ref.split
         episode = adapter.episode()
         opening = await episode.start(ref)
         self.episode, self.done, self.turns, self.interrupted = episode, False, 0, False

@@ -13,7 +13,7 @@ MAIN_JOB = ("python3 -m venv .venv && .venv/bin/pip install -c openenv_gym/const
             ".venv/bin/openenv-gym rollout openenv/Arithmetic-v0 --episodes 1000 --num-envs 32 --out rollout.jsonl "
             "--overwrite")
 TESTS = ("python3 -m venv .venv && .venv/bin/pip install -c openenv_gym/constraints/py3.11.txt "
-         "-e '.[ors,ray,fleet,verifiers,openenv,tokens,dev]' && .venv/bin/pytest -q")
+         "-e '.[ors,ray,fleet,verifiers,openenv,multiagent,tokens,dev]' && .venv/bin/pytest -q")
 
 
 def section(title: str) -> str:

@@ -44,6 +44,7 @@ from openenv_gym import runtime  # noqa: E402
 from openenv_gym.adapters.base import AdapterSpec  # noqa: E402
 from openenv_gym.adapters.verifiers.process import importable  # noqa: E402
 from openenv_gym.adapters.verifiers.v1 import VerifiersV1Adapter  # noqa: E402
+from openenv_gym.adapters.verifiers.v1_calls import whole_error  # noqa: E402
 from openenv_gym.env import AgentEnv  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 
@@ -106,7 +107,8 @@ def library_rewards(taskset: str, policy: Policy, indices: list[int], env_args: 
     async def run() -> dict[int, tuple[float, dict, str | None]]:
         config = vf.resolve_env_config({
             "taskset": {"id": taskset, **(env_args or {})},
-            "agent": {"runtime": {"type": "subprocess"}, "harness": {"id": "null"}, "max_turns": max_turns},
+            "agent": {"runtime": {"type": "subprocess"}, "harness": v1mod._held_to_pins({"id": "null"}, local=True),
+                      "max_turns": max_turns},
         })
         env = await asyncio.to_thread(vf.load_environment, config)
         tasks = list(env.taskset)
@@ -646,7 +648,7 @@ def test_a_builtin_harness_resolves_at_the_tested_date_and_the_users_env_wins(mo
 def test_the_agent_config_carries_the_date_to_the_harness(arith_env: AgentEnv) -> None:
     from openenv_gym import pins
 
-    harness = arith_env.unwrapped.adapter._agent_config.harness
+    harness = arith_env.unwrapped.adapter._agent_configs["agent"].harness
     assert harness.env.get("UV_EXCLUDE_NEWER") == pins.active().exclude_newer
 
 
@@ -669,8 +671,8 @@ def test_a_dead_harness_reports_its_exception_first_and_whole_lines() -> None:
     padding = "p" * (v1mod.LIBRARY_TAIL - len(HARNESS_TAIL) - 1)
     detail = HARNESS_TAIL.replace("/u/env/", f"/u/env/{padding}/", 1)
     assert len(detail) == v1mod.LIBRARY_TAIL
-    message = v1mod._whole(f"harness 'null' exited 1: {detail}")
+    message = whole_error(f"harness 'null' exited 1: {detail}")
     assert message.startswith("TypeError: Invalid timeout: expected a number")
     assert "(harness 'null' exited 1; the end of its output:\n    self._client = http_client" in message
     assert padding not in message  # the cut line is dropped, not shown from mid-word
-    assert v1mod._whole("stop condition 'max_turns'") == "stop condition 'max_turns'"
+    assert whole_error("stop condition 'max_turns'") == "stop condition 'max_turns'"

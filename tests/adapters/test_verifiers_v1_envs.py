@@ -23,7 +23,7 @@ import gymnasium as gym
 import pytest
 
 from openenv_gym.adapters.verifiers import v1 as v1mod
-from openenv_gym.errors import ConfigurationError, DetectionError
+from openenv_gym.errors import ConfigurationError
 
 try:
     vf = v1mod._import_v1()
@@ -97,7 +97,7 @@ def library_episodes(policy: Policy, indices: list[int]) -> Future[dict[int, tup
     async def run() -> dict[int, tuple[float, dict, str | None]]:
         config = vf.resolve_env_config({
             "taskset": {"id": "vf1_colors"},
-            "agent": {"runtime": {"type": "subprocess"}, "harness": {"id": "null"}},
+            "agent": {"runtime": {"type": "subprocess"}, "harness": v1mod._held_to_pins({"id": "null"}, local=True)},
         })
         env = await asyncio.to_thread(vf.load_environment, config)
         assert type(env).__name__ == "ColorsEnv"
@@ -166,19 +166,20 @@ def test_the_env_ends_the_exchange_when_it_decides() -> None:
     assert (reward, info["metrics"], info["stop_condition"]) == library.result(240)[0]
 
 
-def test_multi_agent_envs_are_refused_at_import_and_at_make(tmp_path: Path) -> None:
-    with pytest.raises(DetectionError, match=r"multi-agent Verifiers env \(seats: first, second\).*vf-eval"):
-        detect_verifiers(DUEL)
-    with pytest.raises(DetectionError, match="multi-agent"):
-        import_source(DUEL, "Duel", catalog=tmp_path / "catalog.json")
-    assert not (tmp_path / "catalog.json").exists()
-    with pytest.raises(ConfigurationError, match="multi-agent"):
+def test_multi_agent_envs_import_as_games_and_gym_make_says_how_to_play_them(tmp_path: Path) -> None:
+    assert detect_verifiers(DUEL).seats == ["first", "second"]
+    import_source(DUEL, "Duel", catalog=tmp_path / "catalog.json")
+    assert (tmp_path / "catalog.json").exists()
+    with pytest.raises(ConfigurationError, match=r"DuelEnv, a multi-agent Verifiers env \(seats: first, second\).*"
+                                                 r"openenv_gym\.multiagent\.aec_env"):
         gym.make("openenv/Verifiers-v0", source=str(DUEL))
-    # Loaded (past the static check, e.g. a dynamic config): refused with the seats it has.
-    adapter = VerifiersV1Adapter(source=DUEL)
+    # Made for games, it refuses single-agent episodes, saying what plays it.
+    adapter = VerifiersV1Adapter(source=DUEL, multiagent=True)
     try:
-        with pytest.raises(ConfigurationError, match=r"DuelEnv, a multi-agent Verifiers env \(seats: first, second\)"):
-            runtime.run_sync(adapter.start(), 120)
+        runtime.run_sync(adapter.start(), 120)
+        assert adapter.players() == ["first", "second"]
+        with pytest.raises(ConfigurationError, match="openenv_gym.multiagent"):
+            adapter.episode()
     finally:
         runtime.run_sync(adapter.aclose(), 60)
 

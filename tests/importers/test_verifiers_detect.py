@@ -251,15 +251,12 @@ class JudgedAgain(Judged):
 
 @pytest.mark.parametrize(("exported", "seats"), [
     ("Scripted", None), ("Solo", None), ("Judged", "solver, judge"), ("JudgedAgain", "solver, judge")])
-def test_a_multi_agent_env_is_refused_statically(tmp_path, exported, seats):
+def test_a_multi_agent_env_is_detected_with_its_seats(tmp_path, exported, seats):
     """A taskset package's exported Env: its seats are its config's AgentConfig fields, read from
-    the syntax tree (inherited ones included); more than one cannot be a Gymnasium env."""
+    the syntax tree (inherited ones included); more than one makes it a game (openenv_gym.multiagent)."""
     pkg = write(tmp_path / "vf1_seats", {
         "__init__.py": f"from .envs import ArithTaskset, {exported}\n\n__all__ = ['ArithTaskset', '{exported}']\n",
         "envs.py": ENVS_MODULE})
-    if seats is None:
-        found = detect_verifiers(pkg)
-        assert (found.generation, found.entry, found.env) == ("v1", "ArithTaskset", exported)
-    else:
-        with pytest.raises(DetectionError, match=rf"exports {exported}, a multi-agent Verifiers env \(seats: {seats}\)"):
-            detect_verifiers(pkg)
+    found = detect_verifiers(pkg)
+    assert (found.generation, found.entry, found.env) == ("v1", "ArithTaskset", exported)
+    assert found.seats == ([] if seats is None else seats.split(", "))

@@ -69,6 +69,9 @@ class VerifiersSource(msgspec.Struct, omit_defaults=True):
     path: str
     env: str = ""
     """v1: the ``verifiers.v1.Env`` subclass the package exports, if any (it plays each episode)."""
+    seats: list[str] = []
+    """v1: that env's seats when it has more than one (a multi-agent env, played as a game by
+    :mod:`openenv_gym.multiagent`)."""
 
 
 def _imports_verifiers(mod: Module) -> tuple[bool, bool]:
@@ -226,11 +229,11 @@ def env_seats(pkg: Path, mod: Module, node: ast.ClassDef, depth: int = 0) -> lis
 
 
 MULTI_AGENT_HINT = (
-    "Gymnasium's Env has one agent, so openenv_gym does not play multi-agent Verifiers envs; run it "
-    "with verifiers' own runner (`vf-eval <taskset>` in verifiers 0.4, `eval` in 0.3), a model for "
-    "every seat (`--env.<seat>.model`), or through a multi-agent API such as PettingZoo's"
+    "Gymnasium's Env has one agent: play its seats with openenv_gym.multiagent.aec_env(ID) or "
+    "parallel_env(ID) (PettingZoo's API), or one seat as a Gymnasium env with "
+    "openenv_gym.multiagent.SinglePlayer(aec_env(ID), seat, opponents=...)"
 )
-"""What to say about a multi-agent Verifiers env, statically (import) or once loaded (make)."""
+"""What to say when a multi-agent Verifiers env is made as a Gymnasium env."""
 
 
 def _detect_package(pkg: Path) -> VerifiersSource | None:
@@ -241,18 +244,15 @@ def _detect_package(pkg: Path) -> VerifiersSource | None:
     exported = _all_names(mod)
     for name in exported:
         if _is_taskset(pkg, mod, name):
-            env = ""
+            env, several = "", []
             for other in exported:
                 hit = _resolve_class(pkg, mod, other)
                 if hit is None or not _derives(pkg, hit[0], hit[1], _ENV | _SINGLE_AGENT_ENV):
                     continue
                 env = other
                 seats = env_seats(pkg, *hit)
-                if seats is not None and len(seats) > 1:
-                    raise DetectionError(
-                        f"{pkg.name} exports {other}, a multi-agent Verifiers env (seats: {', '.join(seats)}): "
-                        + MULTI_AGENT_HINT)
-            return VerifiersSource("v1", pkg.name, str(pkg.parent), name, str(pkg), env)
+                several = seats if seats is not None and len(seats) > 1 else []
+            return VerifiersSource("v1", pkg.name, str(pkg.parent), name, str(pkg), env, several)
     if _v0_entry(mod):
         return VerifiersSource("v0", pkg.name, str(pkg.parent), "load_environment", str(pkg))
     return None

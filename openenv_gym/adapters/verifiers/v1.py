@@ -56,25 +56,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import itertools
-import json
 import logging
 import os
-import re
 import shutil
 import sys
 import threading
-import time
 import typing
 import weakref
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from openenv_gym.actions import ParsedCall, Turn, check_call, tool_message, unreadable_reply
+from openenv_gym.actions import Turn, unreadable_reply
 from openenv_gym.adapters.base import Adapter, Episode
 from openenv_gym.adapters.verifiers.detect import resolve_source
 from openenv_gym.adapters.verifiers.process import PORT_FILES, STATE
+from openenv_gym.adapters.verifiers.v1_calls import LIBRARY_TAIL, SeatCalls, trace_error, trace_outcome
 from openenv_gym.adapters.verifiers.v1_compat import (
     check_source_compat,
     guarded,
@@ -82,28 +79,24 @@ from openenv_gym.adapters.verifiers.v1_compat import (
     translate_load_error,
 )
 from openenv_gym.adapters.verifiers.v1_compat import import_v1 as _import_v1
-from openenv_gym.adapters.verifiers.v1_env import EpisodeResult, check_single_agent, scripts_its_own_turns
+from openenv_gym.adapters.verifiers.v1_env import (
+    EpisodeResult,
+    agent_seats,
+    check_single_agent,
+    scripts_its_own_turns,
+)
 from openenv_gym.adapters.verifiers.v1_handoff import CallRouter, Handoff
 from openenv_gym.adapters.verifiers.v1_servers import RolloutServers
 from openenv_gym.errors import BackendError, ConfigurationError, ServerError, TaskNotFound
 from openenv_gym.pins import script_env
-from openenv_gym.tracebacks import summarize
 from openenv_gym.wire import UNBOUNDED_TASKS, Message, Opening, Outcome, Split, TaskRef, ToolSpec
 
-__all__ = ["VerifiersV1Adapter", "VerifiersV1Episode", "check_source_compat"]
+__all__ = ["LIBRARY_TAIL", "VerifiersV1Adapter", "VerifiersV1Episode", "check_source_compat"]
 
 logger = logging.getLogger(__name__)
 
-LIMIT_STOPS = frozenset({
-    "max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length",
-    "compaction_failed",
-})
-"""Stop conditions that are limits (-> ``truncated``), besides ``<stage>_timeout``."""
-
 _SPLIT_TYPES = {"train": "train", "test": "test", "validation": "validation", "val": "validation",
                 "valid": "validation", "dev": "validation", "eval": "test"}
-
-_completion_ids = itertools.count(1)
 
 
 class VerifiersV1Adapter(Adapter):
@@ -194,6 +187,8 @@ class VerifiersV1Adapter(Adapter):
         max_tasks: int | None = None,
         transport: str = "auto",
         bad_arguments: str = "forward",
+        multiagent: bool = False,
+        seat_runs: dict[str, int] | None = None,
     ):
         super().__init__()
         if env_id is None and source is None:
@@ -229,6 +224,19 @@ class VerifiersV1Adapter(Adapter):
         self.max_tasks = max_tasks
         self.transport = transport
         self.bad_arguments = bad_arguments
+        if not isinstance(multiagent, bool):
+            raise ConfigurationError(f"multiagent must be True or False, not {multiagent!r}")
+        self.multiagent = multiagent
+        runs = dict(seat_runs or {})
+        if not multiagent and runs:
+            raise ConfigurationError("seat_runs is for games (openenv_gym.multiagent.aec_env / parallel_env)")
+        for seat, n in runs.items():
+            if not isinstance(seat, str) or isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
+                raise ConfigurationError(f"seat_runs maps a seat's name to how often it runs per game (1 to 1024), "
+                                         f"not {seat!r}: {n!r}")
+        self.seat_runs = runs
+        self.seats: list[str] = []
+        """The env's seats once loaded (its ``vf.AgentConfig`` fields, in declaration order)."""
         self.uv_path_added: str | None = None
         self.harness_id: str | None = None
         self.env_class: str | None = None
@@ -239,7 +247,7 @@ class VerifiersV1Adapter(Adapter):
         """Where the library's model calls go: each episode binds its rollout's trace id here."""
         self._vf: Any = None
         self._env: Any = None
-        self._agent_config: Any = None
+        self._agent_configs: dict[str, Any] = {}
         self._splits_tasks: dict[str, _SplitTasks] = {}
         self._split_names: list[str] = []
         self._servers: RolloutServers | None = None
@@ -259,7 +267,7 @@ class VerifiersV1Adapter(Adapter):
         # Importing verifiers.v1 takes seconds and the taskset is user code: keep both off the
         # runtime loop, which other envs share.
         await asyncio.to_thread(guarded, self._load)
-        self._servers = RolloutServers(vf=self._vf, env=self._env, agent_config=self._agent_config,
+        self._servers = RolloutServers(vf=self._vf, env=self._env, agent_configs=self._agent_configs,
                                        router=self.router, transport=self.transport, name=self.env_id)
         await self._servers.start()
         self._started = True
@@ -287,6 +295,9 @@ class VerifiersV1Adapter(Adapter):
             stack.pop()()
 
     def episode(self) -> VerifiersV1Episode:
+        if self.multiagent:
+            raise ConfigurationError(f"{self.env_id!r} was made for games (multiagent=True): play it with "
+                                     "openenv_gym.multiagent, or one seat of it with SinglePlayer")
         return VerifiersV1Episode(self)
 
     @property
@@ -344,7 +355,14 @@ class VerifiersV1Adapter(Adapter):
             raise
         except Exception as exc:
             raise translate_load_error(exc, self.env_id) from exc
-        seat = check_single_agent(vf, env, self.env_id)
+        if self.multiagent:
+            self.seats = list(agent_seats(vf, env))
+            unknown = set(self.seat_runs) - set(self.seats)
+            if unknown:
+                raise ConfigurationError(f"seat_runs names {sorted(unknown)}, which are not seats of "
+                                         f"{type(env).__name__} (its seats: {self.seats})")
+        else:
+            self.seats = [check_single_agent(vf, env, self.env_id)]
         self.env_class = type(env).__name__
         self.scripted = scripts_its_own_turns(vf, env)
         self._env = env
@@ -359,7 +377,7 @@ class VerifiersV1Adapter(Adapter):
             self._splits_tasks[name] = _SplitTasks(ts)
         # The configured split is read now: a taskset whose load() fails says so at construction.
         self._materialize(current if current in self._splits_tasks else self._split_names[0])
-        self._agent_config = self._build_agent_config(vf, getattr(env.config, seat))
+        self._agent_configs = {seat: self._build_agent_config(vf, getattr(env.config, seat)) for seat in self.seats}
 
     def _build_agent_config(self, vf: Any, seat: Any) -> Any:
         pinned = getattr(seat, "harness", None)  # the env's own seat may pin its harness
@@ -464,9 +482,48 @@ class VerifiersV1Adapter(Adapter):
         except Exception as exc:
             raise ConfigurationError(f"the task spec does not fit {data_cls.__name__}: {exc}") from exc
 
+    async def resolve_task(self, task: TaskRef) -> tuple[Any, str]:
+        """The library's ``vf.Task`` for ``task`` (an index of a split, or a spec), and its id."""
+        split = task.split or await self.default_split()
+        if task.spec is not None:
+            vtask = self.task_from_spec(task.spec, split)
+        else:
+            vtask = await self.task_object(split, task.index or 0)
+        data = vtask.data
+        task_id = (getattr(data, "id", None) or getattr(data, "name", None)
+                   or (f"{split}:{task.index}" if task.index is not None else getattr(vtask, "key", "task")))
+        return vtask, str(task_id)
+
     def info(self) -> dict[str, Any]:
-        return {"backend": self.kind, "taskset": self.env_id, "harness": self.harness_id,
+        info: dict[str, Any] = {"backend": self.kind, "taskset": self.env_id, "harness": self.harness_id,
                 "env": self.env_class, "transport": self.transport_used or self.transport}
+        if self.multiagent:
+            info["seats"] = list(self.seats)
+        return info
+
+    # -- games (several seats; openenv_gym.multiagent) --------------------------------------------
+    def game(self) -> Any:
+        """A new game of a multi-agent env (``multiagent=True``): every seat played by a caller."""
+        if not self.multiagent:
+            raise ConfigurationError("games need the adapter made with multiagent=True (openenv_gym.multiagent)")
+        from openenv_gym.adapters.verifiers.v1_game import VerifiersV1Game
+
+        return VerifiersV1Game(self)
+
+    def play(self, task: Any, on_trace: Callable[[str, Any, int], None],
+             on_busy: Callable[[str, int, bool], None]) -> Coroutine[Any, Any, EpisodeResult]:
+        """A coroutine playing one game of ``task`` with an agent of ours in every seat (see
+        :meth:`RolloutServers.play <openenv_gym.adapters.verifiers.v1_servers.RolloutServers.play>`)."""
+        if self._servers is None:
+            raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
+        return self._servers.play(task, on_trace, on_busy, self.seat_runs)
+
+    def players(self) -> list[str]:
+        """Every player a game may have, in seat order: each seat, or ``seat_k`` for each of its runs."""
+        from openenv_gym.adapters.verifiers.v1_env import seat_name
+
+        return [seat_name(seat, self.seat_runs.get(seat, 1), k)
+                for seat in self.seats for k in range(self.seat_runs.get(seat, 1))]
 
 
 class VerifiersV1Episode(Episode):
@@ -483,10 +540,7 @@ class VerifiersV1Episode(Episode):
         self._handoff = Handoff()
         self._run: asyncio.Task[Any] | None = None
         self._trace_ids: list[str] = []
-        self._prev_len = 0
-        self._prev_last: Any = None
-        self._tools_raw: Any = None
-        self._tools: dict[str, ToolSpec] = {}
+        self._calls = SeatCalls(adapter.bad_arguments)
         self.trace: Any = None
         self.finished = False
 
@@ -494,11 +548,7 @@ class VerifiersV1Episode(Episode):
         adapter = self.adapter
         if not adapter.serving:
             raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
-        split = task.split or await adapter.default_split()
-        if task.spec is not None:
-            vtask = adapter.task_from_spec(task.spec, split)
-        else:
-            vtask = await adapter.task_object(split, task.index or 0)
+        vtask, task_id = await adapter.resolve_task(task)
         rollout = adapter.rollout(vtask, on_trace=self._on_trace)
         adapter.register(self)
         self._run = asyncio.get_running_loop().create_task(
@@ -513,20 +563,13 @@ class VerifiersV1Episode(Episode):
                 trace, error = self._result()
             finally:
                 await self.aclose()
-            error = error or self._error(trace)
+            error = error or trace_error(trace)
             what = f"{error['type']}: {error['message']}" if error else f"stop condition {trace.stop_condition!r}"
             raise ServerError(f"the rollout of {adapter.env_id!r} ended before its first model call: {what}")
         if adapter.rollout_tools:  # its tool servers are up and their ports read by now
             await asyncio.to_thread(PORT_FILES.note)
-        messages = list(call.body.get("messages") or [])
-        self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
-        self._tools_raw = call.body.get("tools")
-        tools = _tool_specs(self._tools_raw)
-        self._tools = {t.name: t for t in tools}
-        data = vtask.data
-        task_id = (getattr(data, "id", None) or getattr(data, "name", None)
-                   or (f"{split}:{task.index}" if task.index is not None else getattr(vtask, "key", "task")))
-        return Opening(messages=messages, tools=tools, task_id=str(task_id),
+        messages, tools = self._calls.opening(call)
+        return Opening(messages=messages, tools=tools, task_id=task_id,
                        info={"trace_id": self._trace_ids[-1] if self._trace_ids else None})
 
     async def step(self, turn: Turn) -> Outcome:
@@ -537,46 +580,14 @@ class VerifiersV1Episode(Episode):
         if turn.error is not None:
             return Outcome([unreadable_reply(turn.error)],
                            info={"invalid_action": "unreadable"})
-        # Unparseable arguments: by default they go to the harness as written (the bundled chat
-        # programs answer "error: invalid JSON ..." as the tool result and go on, and the trace
-        # records what the agent did). With bad_arguments="answer" (for a harness that would
-        # crash on them), or when the raw text is unknown, the adapter answers them itself and
-        # they never reach the library; an action made only of such calls then leaves the model
-        # call pending (it is not one of the library's turns).
-        forward_raw = self.adapter.bad_arguments == "forward"
-        good = [c for c in turn.calls
-                if c.error is None or (forward_raw and getattr(c, "raw_arguments", None) is not None)]
-        bad = [c for c in turn.calls if not any(c is g for g in good)]
-        local: list[Message] = [tool_message(c.id, c.name, check_call(c, self._tools) or "") for c in bad]
-        if bad and not good:
+        local, answered = self._calls.answer(turn, self._handoff.take)
+        if not answered:
             return Outcome(local, info={"invalid_action": "bad_arguments", "forwarded": False})
-        call = self._handoff.take()
-        call.reply(_completion(turn.text, good, call.body.get("model")))
         nxt = await self._handoff.next_call(self._run)
         if nxt is None:
             return self._finish(local)
-        messages = list(nxt.body.get("messages") or [])
-        info: dict[str, Any] = {}
-        n = self._prev_len
-        if len(messages) > n and (n == 0 or messages[n - 1] == self._prev_last):
-            new = messages[n + 1:]  # after the last request's messages and the agent's reply
-        else:  # the harness rewrote its context (compaction): show it whole
-            new = messages
-            info["context_reset"] = True
-        self._prev_len, self._prev_last = len(messages), (messages[-1] if messages else None)
-        names = {c.id: c.name for c in good}
-        # Older chat programs (verifiers 0.3) leave ``name`` off tool results; the package's
-        # observations always carry it (on a copy: the request's own list is the prefix that the
-        # next request is checked against).
-        new = [{**m, "name": names[m["tool_call_id"]]}
-               if m.get("role") == "tool" and "name" not in m and m.get("tool_call_id") in names else m
-               for m in new]
-        tools = None
-        if nxt.body.get("tools") != self._tools_raw:
-            self._tools_raw = nxt.body.get("tools")
-            tools = _tool_specs(self._tools_raw)
-            self._tools = {t.name: t for t in tools}
-        if bad:
+        new, info, tools = self._calls.added(nxt)
+        if local:
             info["invalid_action"] = "bad_arguments"
         return Outcome(new + local, info=info, tools=tools)
 
@@ -628,40 +639,11 @@ class VerifiersV1Episode(Episode):
         self.trace = result.traces[-1]
         return self.trace, result.error
 
-    @staticmethod
-    def _error(trace: Any) -> dict[str, Any] | None:
-        errors = list(getattr(trace, "errors", None) or [])
-        if not errors or getattr(trace, "ok", True):
-            return None
-        last = errors[-1]
-        return {"type": getattr(last, "type", "Error"), "message": _whole(str(getattr(last, "message", last)))}
-
     def _finish(self, messages: list[Message]) -> Outcome:
         self.finished = True
         trace, env_error = self._result()
-        stop = trace.stop_condition
-        error = env_error or self._error(trace)
-        info: dict[str, Any] = {
-            "stop_condition": stop,
-            "rewards": {k: (float(v.score) if v is not None and v.score is not None else None)
-                        for k, v in (trace.rewards or {}).items()},
-            "reward_weights": {k: float(v.weight) for k, v in (trace.rewards or {}).items() if v is not None},
-            "metrics": {k: (float(v) if v is not None else None) for k, v in (trace.metrics or {}).items()},
-            "num_turns": trace.num_turns,
-            "ok": bool(trace.ok) and env_error is None,
-        }
-        if error is not None:
-            info["error"] = error
-        name = stop if isinstance(stop, str) else ""
-        limited = name in LIMIT_STOPS or name.endswith("_timeout")
-        failed = error is not None or not name or name == "error" or name.endswith("_error")
-        truncated = limited or failed
-        reward = trace.reward
-        try:
-            reward = float(reward) if reward is not None else 0.0
-        except (TypeError, ValueError):
-            reward = 0.0
-        return Outcome(messages, reward=reward, terminated=not truncated, truncated=truncated, info=info)
+        reward, terminated, truncated, info = trace_outcome(trace, env_error)
+        return Outcome(messages, reward=reward, terminated=terminated, truncated=truncated, info=info)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -707,47 +689,6 @@ class _SplitTasks:
             return self.tasks[index]
 
 
-def _tool_specs(raw: Any) -> list[ToolSpec]:
-    specs = []
-    for tool in raw or ():
-        fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and fn.get("name"):
-            specs.append(ToolSpec(name=fn["name"], description=fn.get("description") or "",
-                                  parameters=fn.get("parameters")))
-    return specs
-
-
-def _arguments(call: ParsedCall) -> str:
-    """The arguments as the agent wrote them when it wrote a string (even invalid JSON: the
-    harness answers that in its own words, and the trace records what the agent did)."""
-    raw = getattr(call, "raw_arguments", None)
-    return raw if raw is not None else json.dumps(call.arguments or {})
-
-
-def _completion(text: str | None, calls: list[ParsedCall], model: Any) -> dict[str, Any]:
-    """The agent's message as an OpenAI ``chat.completion`` (what a provider would have returned).
-
-    Usage is reported as zero: the library's token budgets (``max_*_tokens``) therefore never
-    fire for an external policy; use ``max_turns`` or the env's own turn limit instead.
-    """
-    message: dict[str, Any] = {"role": "assistant", "content": text if (text or not calls) else None}
-    if text is None and not calls:
-        message["content"] = ""
-    if calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
-            for c in calls
-        ]
-    return {
-        "id": f"chatcmpl-openenv-{next(_completion_ids)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model or "openenv-gym-policy",
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    }
-
-
 def _split_values(config: Any) -> tuple[list[str], str | None]:
     """(the split names a taskset config offers, the config's own split) from a ``split`` field."""
     fields = getattr(type(config), "model_fields", {})
@@ -776,26 +717,6 @@ def _runtime_config(vf: Any, runtime: Any) -> Any:
     if isinstance(runtime, dict):
         return vf.AgentConfig.model_validate({"runtime": runtime}).runtime
     return runtime  # a RuntimeConfig instance
-
-
-LIBRARY_TAIL = 2000
-"""Characters of a failed program's output the library keeps in its error (``Harness._check_result``)."""
-
-_PROGRAM_FAILURE = re.compile(r"^(harness .+? exited -?\d+|runtime died under harness .+? \(exit -?\d+\)"
-                              r"|failed to prepare uv script): (.*)$", re.DOTALL)
-
-
-def _whole(message: str) -> str:
-    """A trace error's message with its program's cause first and only whole lines of its output.
-
-    The library keeps the last :data:`LIBRARY_TAIL` characters of a failed harness program's
-    output, cut mid-line, with exit-time noise after the real exception: the cause is read out of
-    it (:func:`openenv_gym.tracebacks.summarize`) and leads.
-    """
-    m = _PROGRAM_FAILURE.match(message)
-    if m is None:
-        return message
-    return summarize(m[1], m[2], cut=len(m[2]) >= LIBRARY_TAIL)
 
 
 def _held_to_pins(harness: dict[str, Any], local: bool) -> dict[str, Any]:

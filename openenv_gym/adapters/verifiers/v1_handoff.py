@@ -24,6 +24,7 @@ hand-off, both on the runtime loop:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from openenv_gym.errors import BackendError
@@ -61,16 +62,31 @@ class Handoff:
     (a harness with sub-agents may have several in flight) wait in arrival order, one per step.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_call: Callable[[], None] | None = None) -> None:
         self._waiting: asyncio.Queue[ModelCall] = asyncio.Queue()
         self._pending: ModelCall | None = None
+        self._on_call = on_call
 
     # -- the library's side ----------------------------------------------------------------------
     async def ask(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Park a model call and wait for the agent's answer (called inside the rollout task)."""
+        """Park a model call and wait for the agent's answer (called inside the rollout task);
+        ``on_call`` (of the constructor) hears of it."""
         answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting.put_nowait(ModelCall(body, answer))
+        if self._on_call is not None:
+            self._on_call()
         return await answer
+
+    @property
+    def pending(self) -> ModelCall | None:
+        """The call taken and not yet answered, if any."""
+        return self._pending
+
+    def poll(self) -> ModelCall | None:
+        """The pending call; if none, the next waiting one becomes pending (no waiting)."""
+        if self._pending is None and not self._waiting.empty():
+            self._pending = self._waiting.get_nowait()
+        return self._pending
 
     # -- the episode's side ----------------------------------------------------------------------
     async def next_call(self, rollout: asyncio.Future[Any]) -> ModelCall | None:

@@ -67,18 +67,19 @@ class RolloutServers:
         vf: the ``verifiers.v1`` module.
         env: the loaded single-agent ``vf.Env`` (its taskset says which tool servers to share;
             its ``run()`` plays each episode).
-        agent_config: the ``vf.AgentConfig`` of the env's one seat (its ``client`` is replaced).
+        agent_configs: the ``vf.AgentConfig`` of each seat we play, by name (its ``client`` is replaced).
         router: where the model calls go.
         transport: ``"auto"``, ``"inject"`` or ``"http"`` (see the module docstring).
         name: for the owner task's name and log messages.
     """
 
-    def __init__(self, *, vf: Any, env: Any, agent_config: Any, router: CallRouter, transport: str, name: str):
-        self._vf, self._env, self._agent_config = vf, env, agent_config
+    def __init__(self, *, vf: Any, env: Any, agent_configs: dict[str, Any], router: CallRouter, transport: str,
+                 name: str):
+        self._vf, self._env, self._agent_configs = vf, env, agent_configs
         self._router = router
         self._requested = transport
         self._name = name
-        self._seat: Callable[[EpisodeResult, Callable[[Any], None]], Any] | None = None
+        self._seat: Callable[..., Any] | None = None
         self._shared: dict[str, Any] = {}
         self._owner: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -122,8 +123,27 @@ class RolloutServers:
         if seat is None:
             raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
         env = self._env
-        return play_episode(self._vf, env, task, lambda result: seat(result, on_trace),
+        return play_episode(self._vf, env, task,
+                            lambda name, result: seat(name, result, lambda trace, _k: on_trace(trace)),
                             lambda _task, traces: episode_record(self._vf, env.config.env_id, traces))
+
+    def play(self, task: Any, on_trace: Callable[[str, Any, int], None], on_busy: Callable[[str, int, bool], None],
+             runs: dict[str, int]) -> Coroutine[Any, Any, EpisodeResult]:
+        """One game of ``task``: the env's own ``run()`` with an agent of ours in every seat (a
+        coroutine). ``on_trace(seat, trace, k)`` when run ``k`` of a seat mints its trace,
+        ``on_busy(seat, k, busy)`` as that run starts and ends asking (see
+        :mod:`~openenv_gym.adapters.verifiers.v1_env`); ``runs``: how often each seat may run."""
+        seat = self._seat
+        if seat is None:
+            raise BackendError("the Verifiers v1 adapter is not started (or is closed)")
+        env = self._env
+
+        def make(name: str, result: EpisodeResult) -> Any:
+            return seat(name, result, lambda trace, k: on_trace(name, trace, k), runs=runs.get(name, 1),
+                        on_busy=lambda k, busy: on_busy(name, k, busy))
+
+        return play_episode(self._vf, env, task, make,
+                            lambda _task, traces: episode_record(self._vf, env.config.env_id, traces), single=False)
 
     async def stop(self) -> None:
         """Stop the servers (waiting up to :data:`STOP_TIMEOUT`, then cancelling). Idempotent."""
@@ -145,7 +165,7 @@ class RolloutServers:
             from verifiers.v1.mcp import serve_shared
             from verifiers.v1.runtimes import runtime_is_local
 
-            harness_is_local = runtime_is_local(self._agent_config.runtime)
+            harness_is_local = all(runtime_is_local(c.runtime) for c in self._agent_configs.values())
             taskset = env.taskset
             servers = taskset.toolsets(taskset.config)
             # serve_shared rather than Env.shared_tools(): the latter reads locality from the env
@@ -180,12 +200,14 @@ class RolloutServers:
                 self.transport = transport
                 async with server:
                     self._shared = shared = dict(shared)
-                    seat_config = self._agent_config.model_copy(update={"client": client})
+                    seat_configs = {name: config.model_copy(update={"client": client})
+                                    for name, config in self._agent_configs.items()}
                     seat_class = seat_agent_class(vf)
 
-                    def seat(result: EpisodeResult, on_trace: Callable[[Any], None]) -> Any:
-                        return seat_class(seat_config, interception=server, shared_tools=shared,
-                                          task_cls=task_cls, on_trace=on_trace, result=result)
+                    def seat(name: str, result: EpisodeResult, on_trace: Callable[[Any, int], None],
+                             **kwargs: Any) -> Any:
+                        return seat_class(seat_configs[name], interception=server, shared_tools=shared,
+                                          task_cls=task_cls, on_trace=on_trace, result=result, name=name, **kwargs)
 
                     self._seat = seat
                     ready.set_result(None)

@@ -1,0 +1,304 @@
+"""Multi-agent Verifiers envs as PettingZoo games (``openenv_gym.multiagent``).
+
+The envs are verifiers' own ``kuhn_poker_v1`` and ``proposer_solver_v1`` (copied unchanged into
+``tests/envs/verifiers_v1``). The reference for every seat's reward is the library's own episode
+(``Env.serving()`` + ``Env.run_episode``), its seats answered by a scripted OpenAI-compatible stub
+with the same replies the test's policy gives through the game.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pettingzoo = pytest.importorskip("pettingzoo", reason="the multiagent extra is not installed")
+
+from openenv_gym.adapters.verifiers import v1 as v1mod  # noqa: E402
+from openenv_gym.errors import ConfigurationError  # noqa: E402
+
+try:
+    vf = v1mod._import_v1()
+except ConfigurationError as _exc:
+    pytest.skip(f"verifiers.v1 is not usable here: {_exc}", allow_module_level=True)
+
+from pettingzoo.test import api_test, parallel_api_test  # noqa: E402
+
+import openenv_gym  # noqa: E402,F401 - registers openenv/Verifiers-v0
+from openenv_gym import runtime  # noqa: E402
+from openenv_gym.adapters.games import NotAsked  # noqa: E402
+from openenv_gym.adapters.verifiers.process import importable  # noqa: E402
+from openenv_gym.adapters.verifiers.v1_env import TooManyRuns  # noqa: E402
+from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted  # noqa: E402
+from openenv_gym.multiagent import SinglePlayer, aec_env, parallel_env  # noqa: E402
+from openenv_gym.testing import procs  # noqa: E402
+from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
+
+ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
+KUHN, PROPOSER = ENVS / "kuhn_poker_v1", ENVS / "proposer_solver_v1"
+VERIFIERS = "openenv/Verifiers-v0"
+PINNED_NULL = v1mod._held_to_pins({"id": "null"}, local=True)
+"""The ``null`` harness resolved as the package resolves it (the tested set): the library's own runs
+share the session's uv cache with the adapter's, and uv keys a script's environment by its
+requirements, not by the resolution date."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def importable_tasksets() -> Iterator[None]:
+    """The library's own runs (the reference) import the tasksets by name."""
+    with importable(ENVS):
+        yield
+
+
+def text(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
+
+
+def kuhn_move(messages: list[dict[str, Any]]) -> str:
+    """A fixed strategy from the seat's whole conversation: bet or call with a king, check with a
+    queen and call a bet with it, fold a jack to a bet."""
+    seen = text(messages)
+    card = re.search(r"Your private card: ([JQK])", seen)[1]
+    legal = re.findall(r"Your legal actions: (.*)\.", seen)[-1]
+    if "[bet]" in legal:
+        return "I bet. [bet]" if card == "K" else "[check]"
+    return "[call]" if card in "KQ" else "[fold]"
+
+
+def library_kuhn(indices: list[int], reply: Callable[[list[dict[str, Any]]], str]) -> dict[int, dict[str, tuple]]:
+    """The library's own hands answered by ``reply``: index -> seat -> (payoff, forfeit, history)."""
+    async def run() -> dict[int, dict[str, tuple]]:
+        seat = {"runtime": {"type": "subprocess"}, "harness": PINNED_NULL}
+        config = vf.resolve_env_config({"taskset": {"id": "kuhn_poker_v1"}, "player0": seat, "player1": seat})
+        env = await asyncio.to_thread(vf.load_environment, config)
+        out = {}
+        with OpenAIStub(lambda body: {"role": "assistant", "content": reply(body["messages"])}) as stub:
+            ctx = vf.ModelContext(model="stub", client=vf.EvalClientConfig(base_url=stub.url, api_key_var="NO_SUCH_KEY"))
+            async with env.serving():
+                tasks = env.taskset.take(max(indices) + 1) if hasattr(env.taskset, "take") else None
+                tasks = list(tasks) if tasks is not None else [t for _, t in zip(range(max(indices) + 1), env.taskset)]
+                for i in indices:
+                    episode = await env.run_episode(tasks[i], ctx)
+                    assert episode.ok, episode.errors
+                    out[i] = {t.agent.name: (float(t.reward), float(t.metrics["forfeit"]), t.info["kuhn"]["history"])
+                              for t in episode.traces}
+        return out
+
+    return runtime.submit(run()).result(600)
+
+
+def play_aec(env: Any, index: int, reply: Callable[[list[dict[str, Any]]], str]) -> dict[str, tuple]:
+    """One game through the AEC env: seat -> (reward, forfeit, history), each seat answered by
+    ``reply`` on its whole conversation."""
+    env.reset(options={"index": index})
+    history: dict[str, list] = {}
+    out = {}
+    for seat in env.agent_iter():
+        obs, reward, terminated, truncated, info = env.last()
+        if terminated or truncated:
+            out[seat] = (reward, info["metrics"]["forfeit"], info)
+            env.step(None)
+            continue
+        history.setdefault(seat, []).extend(obs)
+        move = reply(history[seat])
+        history[seat].append({"role": "assistant", "content": move})
+        env.step(move)
+    return out
+
+
+def test_kuhn_seats_get_the_payoffs_verifiers_own_eval_gives() -> None:
+    hands = [0, 1, 2, 5]
+    reference = library_kuhn(hands, kuhn_move)
+    env = aec_env(VERIFIERS, source=str(KUHN))
+    try:
+        assert env.possible_agents == ["player0", "player1"]
+        for i in hands:
+            ours = play_aec(env, i, kuhn_move)
+            assert set(ours) == {"player0", "player1"}
+            for seat, (reward, forfeit, info) in ours.items():
+                assert (reward, forfeit) == reference[i][seat][:2], (i, seat)
+                assert info["rewards"] == {"payoff": reward} and info["task_id"] == f"hand#{i}"
+            assert ours["player0"][0] == -ours["player1"][0]  # zero-sum
+        assert {r[0] for hand in reference.values() for r in hand.values()} - {1.0, -1.0, 2.0, -2.0} == set()
+    finally:
+        env.close()
+
+
+def test_a_seat_that_answers_garbage_forfeits_as_the_env_decides() -> None:
+    def garbage_first(messages: list[dict[str, Any]]) -> str:
+        return "I refuse to play." if "Player 0." in text(messages) else kuhn_move(messages)
+
+    reference = library_kuhn([4], garbage_first)[4]
+    env = aec_env(VERIFIERS, source=str(KUHN))
+    try:
+        ours = play_aec(env, 4, garbage_first)
+    finally:
+        env.close()
+    assert {s: r[:2] for s, r in ours.items()} == {s: r[:2] for s, r in reference.items()}
+    assert ours["player0"][:2] == (-1.0, 1.0)  # forfeited after its retry
+
+
+def test_pettingzoo_conformance_tests_pass() -> None:
+    env = aec_env(VERIFIERS, source=str(KUHN))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its advice for array observations
+            api_test(env, num_cycles=12)
+    finally:
+        env.close()
+    par = parallel_env(VERIFIERS, source=str(KUHN))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parallel_api_test(par, num_cycles=12)
+    finally:
+        par.close()
+
+
+PROBLEM = '{"problem": "What is 6 times 7?", "answer": 42}'
+
+
+def proposer_reply(messages: list[dict[str, Any]]) -> str | None:
+    return f"Here it is.\n{PROBLEM}" if "Invent ONE" in text(messages) else None
+
+
+def library_proposer_solver(n: int, solver_replies: list[str]) -> tuple[dict[str, float], list[float]]:
+    """The library's own episode of task 0: the proposer's (learnability, solve_rate) and the
+    solvers' ``correct`` rewards, the k-th solver call answered ``solver_replies[k]``."""
+    async def run() -> tuple[dict[str, float], list[float]]:
+        seat = {"runtime": {"type": "subprocess"}, "harness": PINNED_NULL}
+        config = vf.resolve_env_config({"taskset": {"id": "proposer_solver_v1"}, "n": n, "proposer": seat,
+                                        "solver": seat})
+        env = await asyncio.to_thread(vf.load_environment, config)
+        calls = iter(solver_replies)
+
+        def script(body: dict[str, Any]) -> dict[str, Any]:
+            return {"role": "assistant", "content": proposer_reply(body["messages"]) or next(calls)}
+
+        with OpenAIStub(script) as stub:
+            ctx = vf.ModelContext(model="stub", client=vf.EvalClientConfig(base_url=stub.url, api_key_var="NO_SUCH_KEY"))
+            async with env.serving():
+                episode = await env.run_episode(list(env.taskset)[0], ctx)
+        assert episode.ok, episode.errors
+        proposer = next(t for t in episode.traces if t.agent.name == "proposer")
+        solvers = sorted(float(t.reward) for t in episode.traces if t.agent.name == "solver")
+        return {"learnability": float(proposer.reward), "solve_rate": float(proposer.metrics["solve_rate"])}, solvers
+
+    return runtime.submit(run()).result(600)
+
+
+def test_proposer_solver_seats_act_together_and_the_proposer_is_paid_after_the_solvers() -> None:
+    reference = library_proposer_solver(3, ["The answer is 42", "41", "I think 42"])
+    env = parallel_env(VERIFIERS, source=str(PROPOSER), env_config={"n": 3}, seat_runs={"solver": 3})
+    try:
+        assert env.possible_agents == ["proposer", "solver_0", "solver_1", "solver_2"]
+        obs, infos = env.reset(options={"index": 0})
+        assert env.agents == ["proposer"] and infos["proposer"]["asked"]
+        assert "Invent ONE" in text(obs["proposer"])
+        obs, rewards, terms, truncs, infos = env.step({"proposer": proposer_reply(obs["proposer"])})
+        # The n solvers, asked at once; the proposer stays live (unpaid), not asked.
+        assert env.agents == ["proposer", "solver_0", "solver_1", "solver_2"]
+        assert [s for s in env.agents if infos[s]["asked"]] == ["solver_0", "solver_1", "solver_2"]
+        assert obs["proposer"] == [] and not any(terms.values())
+        assert all("What is 6 times 7?" in text(obs[s]) for s in ("solver_0", "solver_1", "solver_2"))
+        actions = {"proposer": None, "solver_0": "The answer is 42", "solver_1": "41", "solver_2": "I think 42"}
+        obs, rewards, terms, truncs, infos = env.step(actions)
+        assert env.agents == [] and all(terms.values()) and not any(truncs.values())
+        assert rewards["proposer"] == pytest.approx(reference[0]["learnability"])
+        assert infos["proposer"]["metrics"]["solve_rate"] == pytest.approx(reference[0]["solve_rate"])
+        assert sorted(rewards[s] for s in ("solver_0", "solver_1", "solver_2")) == reference[1]
+        assert [rewards[s] for s in ("solver_0", "solver_1", "solver_2")] == [1.0, 0.0, 1.0]
+        assert infos["solver_1"]["rewards"] == {"correct": 0.0}
+    finally:
+        env.close()
+
+
+def test_a_seat_run_more_often_than_declared_says_how_to_declare_it() -> None:
+    env = aec_env(VERIFIERS, source=str(PROPOSER), env_config={"n": 2})
+    try:
+        assert env.possible_agents == ["proposer", "solver"]
+        env.reset(options={"index": 0})
+        with pytest.raises(TooManyRuns, match=r"ran seat 'solver' 2 times.*seat_runs=\{'solver': N\}"):
+            env.step(proposer_reply(env.observe("proposer")))
+    finally:
+        env.close()
+
+
+def test_bad_input_is_a_clear_error_or_an_observation_and_closing_mid_game_stops_every_seat() -> None:
+    env = aec_env(VERIFIERS, source=str(KUHN))
+    try:
+        with pytest.raises(EpisodeNotStarted):
+            env.step("[check]")
+        env.reset(options={"index": 1})
+        seat = env.agent_selection
+        env.step({"role": "assistant", "content": "[bet]", "tool_calls": "not a list"})  # unreadable
+        obs, reward, terminated, truncated, info = env.last()
+        assert env.agent_selection == seat and info["invalid_action"] == "unreadable"
+        assert [m["role"] for m in obs] == ["user"] and obs[0]["content"].startswith("Your last message could not be read")
+        with pytest.raises(TypeError):  # not an action at all: the trainer's bug, raised
+            env.step({1, 2})
+        running = procs.descendants(os.getpid())
+        assert running, "the asked seat's program runs while it waits for its answer"
+    finally:
+        env.close()
+    assert [p for p in running if procs.alive(p)] == [], "closing mid-game left a seat's program running"
+    par = parallel_env(VERIFIERS, source=str(KUHN))
+    try:
+        par.reset(options={"index": 1})
+        with pytest.raises(NotAsked, match="no action for player0"):
+            par.step({"player1": "[check]"})
+        with pytest.raises(NotAsked, match="'dealer' is no seat"):
+            par.step({"player0": "[check]", "dealer": "[bet]"})
+        while par.agents:
+            par.step({s: "[check]" for s in par.agents})
+        with pytest.raises(EpisodeFinished):
+            par.step({"player0": "[check]"})
+    finally:
+        par.close()
+
+
+class Scripted:
+    """An opponent policy ``(seat, observation, info) -> action`` playing :func:`kuhn_move` on each
+    seat's whole conversation."""
+
+    def __init__(self) -> None:
+        self.history: dict[str, list] = {}
+
+    def __call__(self, seat: str, observation: list, info: dict) -> str:
+        seen = self.history.setdefault(seat, [])
+        seen += observation
+        move = kuhn_move(seen)
+        seen.append({"role": "assistant", "content": move})
+        return move
+
+
+def test_one_seat_is_a_gymnasium_env_against_a_given_policy() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    reference = library_kuhn([2], kuhn_move)[2]
+    env = SinglePlayer(aec_env(VERIFIERS, source=str(KUHN)), "player1", opponents=Scripted())
+    try:
+        obs, info = env.reset(options={"index": 2})
+        mine = list(obs)
+        assert info["seat"] == "player1" and "Player 1" in text(obs)
+        for _ in range(4):
+            move = kuhn_move(mine)
+            mine.append({"role": "assistant", "content": move})
+            obs, reward, terminated, truncated, info = env.step(move)
+            mine += obs
+            if terminated or truncated:
+                break
+        assert terminated and reward == reference["player1"][0]
+        with pytest.raises(EpisodeFinished):
+            env.step("[check]")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_env(env, skip_render_check=True)
+    finally:
+        env.close()
