@@ -106,6 +106,12 @@ class EpisodeRecord(msgspec.Struct, kw_only=True):
     """Per assistant turn: the token ids the model generated."""
     logprobs: list[list[float] | None] | None = None
     """Per assistant turn: the log-probability of each completion token."""
+    seat: str | None = None
+    """A game's seat whose trajectory this is (:mod:`openenv_gym.multiagent`); ``None`` for a single agent."""
+    game_id: str | None = None
+    """The game the seat played: every seat's record of one game carries the same id."""
+    other_seats: list[str] | None = None
+    """The game's other seats (their records share :attr:`game_id`)."""
 
     def reset_options(self) -> dict[str, Any]:
         """The ``reset`` options that start this episode's task again: ``{"task": spec}`` for an

@@ -16,6 +16,8 @@ the env decides whom it waits on. Three ways to play one (``pip install -e '.[mu
   on acts;
 * :func:`parallel_env`: PettingZoo's ``ParallelEnv`` (:class:`~.parallel.GameParallelEnv`), the
   seats the env waits on together act in one step;
+* :func:`vector_env`: many games at once, first-ready over (game, seat) pairs, with per-seat
+  groups and records (:class:`~.vector.GameVectorEnv`);
 * :class:`SinglePlayer`: one seat as a Gymnasium env, the others played by a given policy.
 
 Ids and kwargs are ``gym.make``'s, plus ``seat_runs={"solver": 4}`` for a seat the env runs
@@ -32,8 +34,9 @@ if TYPE_CHECKING:
     from openenv_gym.multiagent.aec import GameAECEnv
     from openenv_gym.multiagent.parallel import GameParallelEnv
     from openenv_gym.multiagent.single_player import SinglePlayer
+    from openenv_gym.multiagent.vector import GameVectorEnv
 
-__all__ = ["aec_env", "parallel_env", "SinglePlayer", "GameAECEnv", "GameParallelEnv"]
+__all__ = ["aec_env", "parallel_env", "vector_env", "SinglePlayer", "GameAECEnv", "GameParallelEnv", "GameVectorEnv"]
 
 
 def _pettingzoo() -> None:
@@ -61,11 +64,19 @@ def parallel_env(env_id: str, **kwargs: Any) -> GameParallelEnv:
     return GameParallelEnv(open_session(env_id, kwargs), env_id)
 
 
+def vector_env(env_id: str, num_games: int, **kwargs: Any) -> GameVectorEnv:
+    """Many games of ``env_id`` at once, first-ready over (game, seat) pairs (see :mod:`.vector`)."""
+    _pettingzoo()
+    from openenv_gym.multiagent.vector import GameVectorEnv
+
+    return GameVectorEnv(env_id, num_games, **kwargs)
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("SinglePlayer", "GameAECEnv", "GameParallelEnv"):
+    if name in ("SinglePlayer", "GameAECEnv", "GameParallelEnv", "GameVectorEnv"):
         _pettingzoo()
-        from openenv_gym.multiagent import aec, parallel, single_player
+        from openenv_gym.multiagent import aec, parallel, single_player, vector
 
         return {"SinglePlayer": single_player.SinglePlayer, "GameAECEnv": aec.GameAECEnv,
-                "GameParallelEnv": parallel.GameParallelEnv}[name]
+                "GameParallelEnv": parallel.GameParallelEnv, "GameVectorEnv": vector.GameVectorEnv}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

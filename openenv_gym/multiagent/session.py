@@ -38,8 +38,9 @@ class GameSession:
     """
 
     def __init__(self, adapter: Adapter, *, split: str | None = None, step_timeout: float = STEP_TIMEOUT,
-                 start_timeout: float = START_TIMEOUT):
+                 start_timeout: float = START_TIMEOUT, owns_adapter: bool = True):
         self.adapter = adapter
+        self.owns_adapter = owns_adapter
         self.split = split
         self.step_timeout = step_timeout
         self.start_timeout = start_timeout
@@ -102,7 +103,8 @@ class GameSession:
         try:
             await self.end_game()
         finally:
-            await self.adapter.aclose()
+            if self.owns_adapter:
+                await self.adapter.aclose()
 
     # -- sync edges ------------------------------------------------------------------------------------
     def call(self, coro: Any, what: str) -> Any:

@@ -302,3 +302,53 @@ def test_one_seat_is_a_gymnasium_env_against_a_given_policy() -> None:
             check_env(env, skip_render_check=True)
     finally:
         env.close()
+
+
+def test_many_games_at_once_first_ready_over_game_seat_pairs_with_per_seat_groups_and_records() -> None:
+    from openenv_gym.multiagent import vector_env
+
+    env = vector_env(VERIFIERS, 4, source=str(KUHN), group_size=2)
+    try:
+        ready = env.reset(seed=7)
+        assert sorted((r.game, r.seat) for r in ready) == [(g, "player0") for g in range(4)]
+        tasks = {r.game: r.info["task_id"] for r in ready}
+        assert tasks[0] == tasks[1] and tasks[2] == tasks[3]  # a group's games share the task
+        history: dict[tuple[int, str], list] = {}
+
+        def answer(rs: list) -> dict:
+            actions = {}
+            for r in rs:
+                if r.terminated or r.truncated:
+                    continue
+                seen = history.setdefault((r.game, r.seat), [])
+                seen += r.observation
+                actions[(r.game, r.seat)] = kuhn_move(seen)
+                seen.append({"role": "assistant", "content": actions[(r.game, r.seat)]})
+            return actions
+
+        first = answer(ready)
+        env.send({(0, "player0"): first.pop((0, "player0"))})
+        moved = env.recv()  # game 0 moved; the others wait for their answers, not holding it up
+        assert {r.game for r in moved} == {0}
+        with pytest.raises(NotAsked):
+            env.send({(0, "player0"): "[check]"})  # already answered
+        pending = answer(moved) | first
+        records: list = []
+        while len([r for r in records if r.group_episode == 0]) < 8:  # each group's first games, both seats
+            pending = answer(env.step(pending))
+            records += env.pop_records()
+    finally:
+        env.close()
+    records = [r for r in records if r.group_episode == 0]
+    assert len(records) == 8 and {r.seat for r in records} == {"player0", "player1"}
+    by_game: dict[str, list] = {}
+    for r in records:
+        by_game.setdefault(r.game_id, []).append(r)
+        assert r.other_seats == [s for s in ("player0", "player1") if s != r.seat]
+        assert r.messages[0]["role"] == "system" and f"Player {r.seat[-1]}" in r.messages[0]["content"]
+        assert r.advantage is not None and r.group in (0, 1)
+    assert all(len(rs) == 2 and sum(r.total_reward for r in rs) == 0 for rs in by_game.values())  # zero-sum
+    hands = sorted({r.index for r in records})
+    reference = library_kuhn(hands, kuhn_move)
+    for r in records:
+        assert r.total_reward == reference[r.index][r.seat][0]
