@@ -35,6 +35,7 @@ from typing import Any
 
 from openenv_gym import runtime
 from openenv_gym.adapters.verifiers import v1 as v1
+from openenv_gym.adapters.verifiers.v1_calls import completion
 from openenv_gym.adapters.verifiers.v1_servers import injected_interception_class
 from openenv_gym.env import AgentEnv
 
@@ -66,7 +67,7 @@ def _library_agent(adapter: v1.VerifiersV1Adapter, steps: int, gaps: list[float]
             now = time.perf_counter()
             if session_id in self.answered:
                 gaps.append(now - self.answered[session_id])
-            raw = v1._completion(None, [], body.get("model"))
+            raw = completion(None, [], body.get("model"))
             raw["choices"][0]["message"] = message = script(body["messages"], steps)
             raw["choices"][0]["finish_reason"] = "tool_calls" if message.get("tool_calls") else "stop"
             self.answered[session_id] = time.perf_counter()
@@ -93,7 +94,7 @@ def _library_agent(adapter: v1.VerifiersV1Adapter, steps: int, gaps: list[float]
             return RelayReply("text/event-stream", chunks(), close)
 
     server = injected_interception_class()(Scripted())
-    config = adapter._agent_config.model_copy(update={
+    config = adapter._agent_configs["agent"].model_copy(update={
         "client": vf.EvalClientConfig(base_url="http://127.0.0.1:9/v1", api_key_var="NO_SUCH_KEY")})
     return vf.Agent(config, interception=server), server
 

@@ -81,10 +81,13 @@ class GameVectorEnv:
         num_games: games run at once.
         group_size: games per group (``num_games`` must be a multiple); a group's ``e``-th games
             play the same task.
+        autoreset: start a finished game's next game at once (default); ``False`` leaves the
+            slot idle until :meth:`reset`.
         step_timeout: the bound of one ``recv`` wait (default: the env's ``step_timeout``).
     """
 
-    def __init__(self, env_id: str, num_games: int, *, group_size: int | None = None, **kwargs: Any):
+    def __init__(self, env_id: str, num_games: int, *, group_size: int | None = None, autoreset: bool = True,
+                 **kwargs: Any):
         if isinstance(num_games, bool) or not isinstance(num_games, int) or num_games < 1:
             raise ConfigurationError(f"num_games must be a positive integer, not {num_games!r}")
         if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
@@ -93,6 +96,7 @@ class GameVectorEnv:
         self.env_id = env_id
         self.num_games = num_games
         self.group_size = group_size
+        self.autoreset = bool(autoreset)
         first = open_session(env_id, kwargs)  # builds and starts the adapter every game shares
         self._adapter = first.adapter
         self._step_timeout = first.step_timeout
@@ -221,7 +225,7 @@ class GameVectorEnv:
             async with slot.lock:
                 moves = await slot.session.act(turns)
                 self._emit(slot, moves)
-                if moves.over:
+                if moves.over and self.autoreset:
                     await self._new_game(slot)
         except Exception as exc:  # noqa: BLE001 - handed to the caller's recv, typed as raised
             exc.add_note(f"(game {game} of {self.env_id})")
@@ -283,6 +287,10 @@ class GameVectorEnv:
             if self._failure is not None:
                 failure, self._failure = self._failure, None
                 raise failure
+            if not self._tasks:  # nothing moves: waiting would only run out the timeout
+                waiting = sum(len(slot.emitted) for slot in self._games)
+                raise NotAsked(f"no game is moving: {waiting} ready seat(s) wait for send()" if waiting else
+                               "no game is moving: every game is over (autoreset=False); call reset()")
             event.clear()
             await event.wait()
         out, self._out = self._out, []

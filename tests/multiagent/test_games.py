@@ -352,3 +352,28 @@ def test_many_games_at_once_first_ready_over_game_seat_pairs_with_per_seat_group
     reference = library_kuhn(hands, kuhn_move)
     for r in records:
         assert r.total_reward == reference[r.index][r.seat][0]
+
+
+def test_recv_with_nothing_moving_says_why_at_once() -> None:
+    from openenv_gym.multiagent import vector_env
+
+    env = vector_env(VERIFIERS, 1, source=str(KUHN), autoreset=False, step_timeout=600)
+    try:
+        ready = env.reset(options={"index": 3})
+        with pytest.raises(NotAsked, match="1 ready seat"):
+            env.recv()  # nobody answered: no game moves
+        history: dict = {}
+        while True:
+            live = [r for r in ready if not (r.terminated or r.truncated)]
+            if not live:
+                break
+            actions = {}
+            for r in live:
+                seen = history.setdefault(r.seat, [])
+                seen += r.observation
+                actions[(r.game, r.seat)] = kuhn_move(seen)
+            ready = env.step(actions)
+        with pytest.raises(NotAsked, match="every game is over"):
+            env.recv()
+    finally:
+        env.close()
