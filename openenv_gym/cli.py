@@ -11,7 +11,7 @@
                         [--policy random|openai --base-url URL --model M] [--out traj.jsonl [--append|--overwrite]]
     openenv-gym bench ID --num-envs 1,8,64 --backend concurrent,ray,sync,async [--plot out.png]
     openenv-gym view FILE... [--html OUT] [--port N]
-    openenv-gym play ID [--port N] [--out FILE] [KEY=VALUE ...]
+    openenv-gym play ID [--port N] [--out FILE] [--seat SEAT [--opponent-url URL --opponent-model M]] [KEY=VALUE ...]
     openenv-gym serve ID [KEY=VALUE ...] [--protocol ors|openenv] [--port N | --uds PATH] [--max-sessions N]
 
 Errors the user can fix (a missing source, nothing detected, an ambiguous source, a bad name, an
@@ -262,7 +262,22 @@ def _cmd_view(args: argparse.Namespace) -> int:
 def _cmd_play(args: argparse.Namespace) -> int:
     from openenv_gym.web.play import play_command
 
-    return play_command(args.id, args.kwargs, port=args.port, out=args.out, linger=args.linger)
+    make = None
+    if args.seat is not None:  # one seat of a game; the other seats are the opponents' policy
+        from openenv_gym.multiagent import SinglePlayer, aec_env
+        from openenv_gym.policies import OpenAIPolicy, RandomPolicy
+
+        if (args.opponent_url is None) != (args.opponent_model is None):
+            raise ConfigurationError("--opponent-url and --opponent-model go together (an OpenAI-compatible "
+                                     "endpoint and its model)")
+        opponents: Any = (OpenAIPolicy(args.opponent_url, model=args.opponent_model) if args.opponent_url
+                          else RandomPolicy(seed=0))
+
+        def make(env_id: str, **kwargs: Any) -> Any:
+            return SinglePlayer(aec_env(env_id, **kwargs), args.seat, opponents=opponents)
+    elif args.opponent_url is not None or args.opponent_model is not None:
+        raise ConfigurationError("--opponent-url and --opponent-model play a game's other seats: give --seat")
+    return play_command(args.id, args.kwargs, port=args.port, out=args.out, linger=args.linger, make=make)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -386,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="play.jsonl", help="where the page's Save button appends the episode's record")
     p.add_argument("--linger", type=float, default=30.0,
                    help="seconds the server waits for a page to come back after the last one closed, then stops")
+    p.add_argument("--seat", help="a multi-agent env: the seat you take (player1); the others play --opponent-url's "
+                                  "model, else random text")
+    p.add_argument("--opponent-url", help="an OpenAI-compatible endpoint (http://127.0.0.1:8000/v1) for the other seats")
+    p.add_argument("--opponent-model", help="the model name to ask --opponent-url for")
     p.set_defaults(fn=_cmd_play)
 
     p = command("serve", "serve an env to other ecosystems' clients, over ORS or OpenEnv's protocol")

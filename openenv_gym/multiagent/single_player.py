@@ -130,5 +130,14 @@ class SinglePlayer(gym.Env[list[Any], Any]):
     def _tools(self, info: dict[str, Any]) -> None:
         self.action_space.tools = list(self.env.action_space(self.agent).tools)
 
+    # -- the task API, as gym.make's env has it (the play page lists splits with it) ------------------
+    def splits(self) -> list[Any]:
+        session = self.env.session
+        return list(session.call(session.adapter.splits(), "splits"))
+
+    def num_tasks(self, split: str) -> int:
+        session = self.env.session
+        return int(session.call(session.adapter.num_tasks(split), "num_tasks"))
+
     def close(self) -> None:
         self.env.close()

@@ -372,9 +372,11 @@ def parse_kwargs(items: Sequence[str]) -> dict[str, Any]:
 
 
 def play_command(env_id: str, kwargs: Sequence[str] = (), port: int = 0, out: str = "play.jsonl",
-                 linger: float = 30.0, stdout: TextIO | None = None) -> int:
+                 linger: float = 30.0, stdout: TextIO | None = None,
+                 make: Callable[..., gym.Env] | None = None) -> int:
     """``openenv-gym play ID [KEY=VALUE ...]``: make the env, start an episode, serve the page
-    until Ctrl-C (or the last page closed), then close the env."""
+    until Ctrl-C (or the last page closed), then close the env. ``make(env_id, **kwargs)`` builds
+    it (default ``gym.make``; the CLI passes one seat of a game for ``--seat``)."""
     from openenv_gym.registration import check_id
 
     stdout = stdout or sys.stdout
@@ -383,7 +385,7 @@ def play_command(env_id: str, kwargs: Sequence[str] = (), port: int = 0, out: st
         raise ConfigurationError(f"--linger must be a number of seconds >= 0, not {linger}")
     env_kwargs = parse_kwargs(kwargs)
     print(f"starting {env_id} ...", file=stdout, flush=True)
-    env = gym.make(env_id, **env_kwargs)
+    env = (make or gym.make)(env_id, **env_kwargs)
     try:
         session = PlaySession(env, env_id, out)
         session.reset()

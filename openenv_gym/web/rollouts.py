@@ -65,6 +65,8 @@ class _Row(msgspec.Struct):
     group_episode: int | None = None
     advantage: float | None = None
     completion_token_ids: Any = None
+    seat: str | None = None
+    game_id: str | None = None
 
 
 class _Conversation(msgspec.Struct):
@@ -152,11 +154,12 @@ class Rollouts:
     :attr:`envs`/:attr:`files`, ``line`` (1-based), ``task`` (``split/index``, else the task id),
     ``task_id``, ``group``, ``group_episode``, ``advantage``, ``reward`` (the total), ``turns``
     (agent actions), ``errors``, ``terminated``, ``truncated``, ``tokens`` (whether token ids
-    were recorded).
+    were recorded), and for a game's seat (:mod:`openenv_gym.multiagent`) ``seat`` and ``game``
+    (the game's id, shared by its seats' records).
     """
 
     COLUMNS = ("env", "file", "line", "task", "task_id", "group", "group_episode", "advantage", "reward",
-               "turns", "errors", "terminated", "truncated", "tokens")
+               "turns", "errors", "terminated", "truncated", "tokens", "seat", "game")
 
     def __init__(self) -> None:
         self.files: list[str] = []
@@ -230,6 +233,8 @@ class Rollouts:
         c["truncated"].append(row.truncated)
         c["tokens"].append(isinstance(row.completion_token_ids, list)
                            and any(ids for ids in row.completion_token_ids if isinstance(ids, list)))
+        c["seat"].append(printable(row.seat) if row.seat is not None else None)
+        c["game"].append(printable(row.game_id) if row.game_id is not None else None)
         self.lines.append(line)
         self._texts = self._lowered = None
 

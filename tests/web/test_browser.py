@@ -298,6 +298,46 @@ def test_play_calculator_then_submit_gets_reward_1(watched: Watched, tmp_path: P
     assert len(calls) == 2 and len(set(calls)) == 2 and answers == calls  # each answer names its own call
 
 
+@pytest.mark.needs("pettingzoo", "verifiers")
+def test_play_a_seat_of_a_game_against_a_model(watched: Watched, tmp_path: Path) -> None:
+    """``play --seat player1`` takes one seat of kuhn poker; the other is a model behind an
+    OpenAI-compatible endpoint (a scripted stub here, betting with a king)."""
+    from openenv_gym.testing.openai_stub import OpenAIStub
+
+    def player0(body: dict) -> dict:
+        seen = "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+        return {"role": "assistant", "content": "[bet]" if "Your private card: K" in seen else "[check]"}
+
+    kuhn = Path(__file__).parents[1] / "envs" / "verifiers_v1" / "kuhn_poker_v1"
+    with OpenAIStub(player0) as stub:
+        play = PlayCommand(tmp_path, "openenv/Verifiers-v0", f"source={kuhn}", "--seat", "player1",
+                           "--opponent-url", stub.url, "--opponent-model", "stub", "--linger", "1", "--out", "mine.jsonl")
+        page = watched.page
+        try:
+            page.goto(play.url)
+            page.wait_for_selector("body[data-ready='1']")
+            wait_until(page, "document.querySelector('#chat') && document.querySelector('#chat').textContent.includes('Player 1')")
+            chat = page.inner_text("#chat")
+            assert "You are playing Kuhn poker as Player 1" in chat and "as Player 0" not in chat  # one seat's view
+            legal = re.findall(r"Your legal actions: (.*)\.", chat)[-1]
+            move = "[call]" if "[call]" in legal else "[check]"
+            page.fill("#reply-text", move)
+            page.click("#reply button[type=submit]")
+            page.wait_for_selector("#status .ended")
+            status = page.inner_text("#status")
+            assert "episode ended: terminated" in status
+            page.click("#save")
+            wait_until(page, "document.querySelector('#saved').textContent.startsWith('saved 1 episode')")
+            page.close()
+            assert play.process.wait(60) == 0
+        finally:
+            play.stop()
+        assert len(stub.requests) >= 1  # the opponent's seat asked the model
+    [record] = read_records(tmp_path / "mine.jsonl")
+    assert record.terminated and record.total_reward in (-2.0, -1.0, 1.0, 2.0)
+    assert record.messages[0]["role"] == "system" and "Player 1" in record.messages[0]["content"]
+
+
 def test_play_shows_a_slow_step_and_a_bad_argument(watched: Watched, tmp_path: Path) -> None:
     play = PlayCommand(tmp_path, "openenv/ORS-v0", "adapter=openenv_gym.testing.latency:LatencyAdapter",
                        "median=2", "sigma=0")
@@ -398,4 +438,44 @@ def test_an_episode_has_a_link_that_opens_it(watched: Watched, serve: Any, tmp_p
         assert cell.get_attribute("title") == cell.inner_text()
     finally:
         other.close()
+    watched.only_to(prefix)
+
+
+@pytest.mark.parametrize("mode", ["served", "file"])
+def test_a_games_seats_show_side_by_side_with_their_rewards(watched: Watched, serve: Any, tmp_path: Path,
+                                                            mode: str) -> None:
+    """Records of a game's seats (openenv_gym.multiagent's vector env writes one per seat) share a
+    game id: one opens the game's seats side by side, each headed by its seat and reward."""
+    from openenv_gym.records import EpisodeRecord, write_records
+
+    def seat(game: str, name: str, reward: float, card: str) -> EpisodeRecord:
+        other = "player1" if name == "player0" else "player0"
+        return EpisodeRecord(env="openenv/Kuhn-v0", env_id=0, task_id=f"hand#{game}", split="train", index=int(game),
+                             messages=[{"role": "system", "content": f"You are {name}; your card: {card}."},
+                                       {"role": "assistant", "content": "[bet]"}],
+                             rewards=[reward], total_reward=reward, terminated=True, seat=name,
+                             game_id=f"game-{game}", other_seats=[other])
+
+    path = tmp_path / "games.jsonl"
+    write_records(path, [seat("1", "player0", 2.0, "K"), seat("1", "player1", -2.0, "Q"),
+                         seat("2", "player0", -1.0, "J"), seat("2", "player1", 1.0, "K")])
+    page = watched.page
+    prefix = open_view(watched, mode, [path], serve, tmp_path)
+    assert [row["task"] for row in shown(page)] == ["train/1 · player0", "train/1 · player1", "train/2 · player0",
+                                                    "train/2 · player1"]
+    page.click("#list .row[data-i='3']")
+    page.wait_for_selector("#detail .game-button")
+    facts = page.inner_text("#detail .facts")
+    assert "player1" in facts and "game-2" in facts
+    page.click("#detail .game-button")
+    columns = page.locator("#group-view .group-column")
+    columns.nth(1).locator(".chat").wait_for()
+    assert columns.count() == 2
+    assert page.inner_text("#group-view h2").startswith("Game game-2 · 2 seats")
+    heads = [columns.nth(k).locator(".group-column-head").inner_text() for k in range(2)]
+    assert "player0" in heads[0] and "reward -1" in heads[0]
+    assert "player1" in heads[1] and "reward 1" in heads[1]
+    assert "your card: J" in columns.nth(0).inner_text() and "your card: K" in columns.nth(1).inner_text()
+    page.keyboard.press("Escape")
+    assert page.locator("#group-view").is_hidden()
     watched.only_to(prefix)

@@ -1,5 +1,5 @@
 // The view page: a summary, a sortable and filterable list of every episode, the selected
-// episode as a chat, and a group's episodes side by side.
+// episode as a chat, a group's episodes side by side, and a game's seats side by side.
 // The list is drawn lazily: a spacer as tall as every row, and only the rows in sight (a pool of
 // a few dozen elements, reused as the list scrolls), so 100,000 episodes scroll like 100.
 // Episodes and searches come from the page's server, or from the blocks a file embeds.
@@ -162,7 +162,7 @@
   const COLS = [
     { key: "n", label: "#", text: (i) => count(i + 1), num: (i) => i },
     { key: "env", label: "env", text: (i) => data.envs[envc[i]], str: (i) => data.envs[envc[i]] },
-    { key: "task", label: "task", text: (i) => C.task[i], str: (i) => C.task[i] },
+    { key: "task", label: "task", text: (i) => C.task[i] + (C.seat && C.seat[i] !== null ? " · " + C.seat[i] : ""), str: (i) => C.task[i] },
     { key: "group", label: "group", text: (i) => (isNaN(group[i]) ? "" : group[i] + "/" + gep[i]), num: (i) => group[i] * 1e6 + gep[i] },
     { key: "advantage", label: "adv.", text: (i) => OG.signed(adv[i]), num: (i) => adv[i] },
     { key: "reward", label: "reward", text: (i) => OG.num(reward[i]), num: (i) => reward[i] },
@@ -383,6 +383,8 @@
     add("turns", turns[i]);
     add("end", endText(i));
     if (!isNaN(group[i])) add("group", group[i] + "/" + gep[i] + (isNaN(adv[i]) ? "" : " · advantage " + OG.signed(adv[i])));
+    if (C.seat && C.seat[i] !== null) add("seat", C.seat[i]);
+    if (C.game && C.game[i] !== null) add("game", C.game[i]);
     if (record && record.seed !== null && record.seed !== undefined) add("seed", record.seed);
     return dl;
   }
@@ -404,6 +406,12 @@
         const b = el("button", "group-button", "group " + group[i] + "/" + gep[i] + " side by side");
         b.type = "button";
         b.addEventListener("click", () => showGroup(i));
+        h.append(b);
+      }
+      if (C.game && C.game[i] !== null) {
+        const b = el("button", "game-button", "the game's seats side by side");
+        b.type = "button";
+        b.addEventListener("click", () => showGame(i));
         h.append(b);
       }
       box.append(h, facts(i, record, got.where));
@@ -436,21 +444,20 @@
     history.replaceState(null, "", location.pathname + location.search + "#episode-" + (i + 1));
   }
   const overlay = document.getElementById("group-view");
-  async function showGroup(i) {
-    const members = [];
-    for (let k = 0; k < n; k++) if (filec[k] === filec[i] && group[k] === group[i] && gep[k] === gep[i]) members.push(k);
+  // Episodes side by side in the overlay: a column each, headed by what tells them apart.
+  function sideBySide(title, members, label) {
     const head = el("div", "overlay-head");
     const close = el("button", "close", "close");
     close.type = "button";
     close.addEventListener("click", hideGroup);
-    head.append(el("h2", null, "Group " + group[i] + "/" + gep[i] + " · " + members.length + " episodes of task " + C.task[i]), close);
+    head.append(el("h2", null, title), close);
     const cols = el("div", "group-columns");
     overlay.replaceChildren(head, cols);
     overlay.hidden = false;
     for (const k of members) {
       const col = el("div", "group-column");
       const top = el("div", "group-column-head");
-      top.append(el("strong", null, "episode " + (k + 1)), el("span", "badge" + (adv[k] > 0 ? " good" : adv[k] < 0 ? " bad" : ""), "advantage " + (OG.signed(adv[k]) || "–")),
+      top.append(el("strong", null, label(k)), el("span", "badge" + (adv[k] > 0 ? " good" : adv[k] < 0 ? " bad" : ""), "advantage " + (OG.signed(adv[k]) || "–")),
         el("span", "badge", "reward " + OG.num(reward[k])), el("span", "muted small", turns[k] + " turns · " + endText(k)));
       col.append(top, el("p", "muted", "loading…"));
       cols.append(col);
@@ -459,6 +466,17 @@
       });
     }
     close.focus();
+  }
+  function showGroup(i) {
+    const members = [];
+    for (let k = 0; k < n; k++) if (filec[k] === filec[i] && group[k] === group[i] && gep[k] === gep[i]) members.push(k);
+    sideBySide("Group " + group[i] + "/" + gep[i] + " · " + members.length + " episodes of task " + C.task[i], members,
+      (k) => "episode " + (k + 1) + (C.seat && C.seat[k] !== null ? " · " + C.seat[k] : ""));
+  }
+  function showGame(i) {
+    const members = [];
+    for (let k = 0; k < n; k++) if (filec[k] === filec[i] && C.game[k] === C.game[i]) members.push(k);
+    sideBySide("Game " + C.game[i] + " · " + members.length + " seats · task " + C.task[i], members, (k) => C.seat[k]);
   }
   function hideGroup() {
     overlay.hidden = true;
