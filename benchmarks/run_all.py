@@ -60,10 +60,12 @@ BENCHES: list[tuple[str, str, list[str], list[str], list[str], float]] = [
     ("trl_spec", "trl_spec.py", ["--reps", "7"], ["--reps", "2", "--calls", "5", "--tasks", "8"], [], 1200),
     ("serve", "serve_bench.py", ["--rounds", "9", "--seconds", "3"], ["--rounds", "1", "--seconds", "2"],
      ["ors", "openenv", "websockets"], 1800),
+    ("multiagent", "multiagent_bench.py", ["--rounds", "3"], ["--rounds", "1", "--games", "8", "--hands", "8"],
+     ["verifiers", "pettingzoo"], 3600),
 ]
 
 PACKAGES = ["gymnasium", "numpy", "msgspec", "aiohttp", "httptools", "httpx", "ray", "ors-sdk", "openreward", "openenv",
-            "verifiers", "mcp", "websockets"]
+            "verifiers", "mcp", "websockets", "pettingzoo"]
 
 
 def machine() -> dict[str, Any]:
