@@ -17,21 +17,14 @@ from typing import Any
 from pettingzoo import AECEnv
 
 from openenv_gym.adapters.games import Moves, NotAsked
-from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted, ServerError
+from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted
+from openenv_gym.multiagent.seats import Observation, Seats, end_info
 from openenv_gym.multiagent.session import GameSession
-from openenv_gym.spaces import AssistantAction, Messages
 
 __all__ = ["GameAECEnv", "Observation"]
 
 
-class Observation(list[Any]):
-    """A seat's new messages: a plain list of OpenAI messages. Its ``dtype`` is ``None``, as its
-    space's (:class:`~openenv_gym.spaces.Messages`) is: PettingZoo's conformance test compares them."""
-
-    dtype = None
-
-
-class GameAECEnv(AECEnv[str, Observation, Any]):
+class GameAECEnv(Seats, AECEnv[str, Observation, Any]):
     """PettingZoo's ``AECEnv`` over a :class:`GameSession` (made by :func:`openenv_gym.multiagent.aec_env`).
 
     ``step(action)`` answers ``agent_selection`` with an assistant message (text, or a message
@@ -46,11 +39,7 @@ class GameAECEnv(AECEnv[str, Observation, Any]):
 
     def __init__(self, session: GameSession, env_id: str = ""):
         super().__init__()
-        self.session = session
-        self.env_id = env_id
-        self.possible_agents = session.players
-        self.observation_spaces = {seat: Messages() for seat in self.possible_agents}
-        self.action_spaces = {seat: AssistantAction() for seat in self.possible_agents}
+        self._seats(session, env_id)
         self.agents: list[str] = []
         self.rewards: dict[str, float] = {}
         self._cumulative_rewards: dict[str, float] = {}
@@ -65,27 +54,14 @@ class GameAECEnv(AECEnv[str, Observation, Any]):
     def __str__(self) -> str:
         return f"<GameAECEnv {self.env_id}>"
 
-    # -- spaces (the same object every call, as PettingZoo's tests require) --------------------------
-    def observation_space(self, agent: str) -> Messages:
-        return self.observation_spaces.get(agent) or self.observation_spaces.setdefault(agent, Messages())
-
-    def action_space(self, agent: str) -> AssistantAction:
-        return self.action_spaces.get(agent) or self.action_spaces.setdefault(agent, AssistantAction())
-
     # -- the game ----------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        moves = self.session.call(self.session.reset(seed, options), "reset")
-        if seed is not None:
-            for seat in self.possible_agents:
-                self.action_space(seat).seed(seed)
+        moves = self._start(seed, options)
         self.agents = []
         self.rewards, self._cumulative_rewards = {}, {}
         self.terminations, self.truncations, self.infos = {}, {}, {}
         self._seen, self._over, self._started = {}, False, True
         self._skip_agent_selection = None
-        if moves.over:
-            raise ServerError(f"the game of {self.env_id} ended before any seat was asked: "
-                              f"{moves.info.get('error') or 'no seat asked the model'}")
         self._apply(moves)
 
     def observe(self, agent: str) -> Observation:
@@ -131,9 +107,7 @@ class GameAECEnv(AECEnv[str, Observation, Any]):
                     continue
                 self.rewards[seat] = paid.reward
                 self.terminations[seat], self.truncations[seat] = paid.terminated, paid.truncated
-                self.infos[seat] = {**paid.info, **{k: v for k, v in moves.info.items() if k != "error"}}
-                if "error" in moves.info and "error" not in self.infos[seat]:
-                    self.infos[seat]["error"] = moves.info["error"]
+                self.infos[seat] = end_info(paid, moves)
                 self._seen[seat] = Observation()
             self._accumulate_rewards()
             self.agent_selection = self.agents[0]
@@ -143,8 +117,3 @@ class GameAECEnv(AECEnv[str, Observation, Any]):
             raise NotAsked("the game settled with no seat asked")  # Game guarantees one; a bug if not
         self.agent_selection = next(iter(moves.asked))
 
-    def render(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.session.close()

@@ -16,17 +16,16 @@ from typing import Any
 from pettingzoo import ParallelEnv
 
 from openenv_gym.adapters.games import Moves, NotAsked
-from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted, ServerError
-from openenv_gym.multiagent.aec import Observation
+from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted
+from openenv_gym.multiagent.seats import Observation, Seats, end_info
 from openenv_gym.multiagent.session import GameSession
-from openenv_gym.spaces import AssistantAction, Messages
 
 __all__ = ["GameParallelEnv"]
 
 Step = tuple[dict[str, Observation], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict[str, Any]]]
 
 
-class GameParallelEnv(ParallelEnv[str, Observation, Any]):
+class GameParallelEnv(Seats, ParallelEnv[str, Observation, Any]):
     """PettingZoo's ``ParallelEnv`` over a :class:`GameSession` (made by :func:`openenv_gym.multiagent.parallel_env`).
 
     ``step(actions)`` needs an action for every asked seat (a :class:`NotAsked` error names the
@@ -36,11 +35,7 @@ class GameParallelEnv(ParallelEnv[str, Observation, Any]):
     metadata = {"name": "openenv_gym_game", "render_modes": []}
 
     def __init__(self, session: GameSession, env_id: str = ""):
-        self.session = session
-        self.env_id = env_id
-        self.possible_agents = session.players
-        self.observation_spaces = {seat: Messages() for seat in self.possible_agents}
-        self.action_spaces = {seat: AssistantAction() for seat in self.possible_agents}
+        self._seats(session, env_id)
         self.agents: list[str] = []
         self._asked: set[str] = set()
         self._started = False
@@ -48,21 +43,9 @@ class GameParallelEnv(ParallelEnv[str, Observation, Any]):
     def __str__(self) -> str:
         return f"<GameParallelEnv {self.env_id}>"
 
-    def observation_space(self, agent: str) -> Messages:
-        return self.observation_spaces.get(agent) or self.observation_spaces.setdefault(agent, Messages())
-
-    def action_space(self, agent: str) -> AssistantAction:
-        return self.action_spaces.get(agent) or self.action_spaces.setdefault(agent, AssistantAction())
-
     def reset(self, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[dict[str, Observation], dict[str, dict[str, Any]]]:
-        moves = self.session.call(self.session.reset(seed, options), "reset")
-        if seed is not None:
-            for seat in self.possible_agents:
-                self.action_space(seat).seed(seed)
-        if moves.over:
-            raise ServerError(f"the game of {self.env_id} ended before any seat was asked: "
-                              f"{moves.info.get('error') or 'no seat asked the model'}")
+        moves = self._start(seed, options)
         self.agents, self._started = [], True
         observations, _, _, _, infos = self._read(moves)
         return observations, infos
@@ -104,14 +87,7 @@ class GameParallelEnv(ParallelEnv[str, Observation, Any]):
                 paid = moves.paid[seat]
                 rewards[seat] = paid.reward
                 terminations[seat], truncations[seat] = paid.terminated, paid.truncated
-                infos[seat] = {**paid.info, **{k: v for k, v in moves.info.items() if k != "error"}}
-                if "error" in moves.info and "error" not in infos[seat]:
-                    infos[seat]["error"] = moves.info["error"]
+                infos[seat] = end_info(paid, moves)
             self.agents = []
         return observations, rewards, terminations, truncations, infos
 
-    def render(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.session.close()

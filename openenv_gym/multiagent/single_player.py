@@ -17,7 +17,8 @@ from typing import Any
 import gymnasium as gym
 
 from openenv_gym.errors import ConfigurationError, EpisodeFinished, EpisodeNotStarted, ServerError
-from openenv_gym.multiagent.aec import GameAECEnv, Observation
+from openenv_gym.multiagent.aec import GameAECEnv
+from openenv_gym.multiagent.seats import Observation
 from openenv_gym.policies import Policy
 from openenv_gym.spaces import AssistantAction, Messages
 

@@ -25,7 +25,7 @@ import numpy as np
 from openenv_gym import runtime
 from openenv_gym.adapters.games import Moves, NotAsked
 from openenv_gym.errors import ConfigurationError, EpisodeNotStarted
-from openenv_gym.multiagent.aec import Observation
+from openenv_gym.multiagent.seats import Observation, end_info
 from openenv_gym.multiagent.session import GameSession, open_session
 from openenv_gym.records import EpisodeRecord, as_assistant_message
 from openenv_gym.rollout import advantages
@@ -245,9 +245,7 @@ class GameVectorEnv:
             self._out.append(Ready(slot.index, seat, Observation(asked.messages), 0.0, False, False, info))
         if moves.paid is not None:
             for seat, paid in moves.paid.items():
-                info = {**paid.info, "game_id": slot.game_id, "task_id": slot.task_id}
-                if "error" in moves.info and "error" not in info:
-                    info["error"] = moves.info["error"]
+                info = {**end_info(paid, moves), "game_id": slot.game_id}
                 self._out.append(Ready(slot.index, seat, Observation(), paid.reward, paid.terminated, paid.truncated,
                                        info))
                 self._record(slot, seat, paid.reward, paid.terminated, paid.truncated, info, list(moves.paid))

@@ -248,7 +248,7 @@ def test_bad_input_is_a_clear_error_or_an_observation_and_closing_mid_game_stops
         assert running, "the asked seat's program runs while it waits for its answer"
     finally:
         env.close()
-    assert [p for p in running if procs.alive(p)] == [], "closing mid-game left a seat's program running"
+    assert procs.wait_dead(sorted(running), timeout=10) == [], "closing mid-game left a seat's program running"
     par = parallel_env(VERIFIERS, source=str(KUHN))
     try:
         par.reset(options={"index": 1})
