@@ -74,7 +74,7 @@ class SinglePlayer(gym.Env[list[Any], Any]):
                 info = {**info, "seat": self.agent}
                 if skipped:
                     info["games_skipped"] = skipped
-                self._tools(info)
+                self._tools()
                 return obs, info
         raise ServerError(f"{MAX_SKIPPED_GAMES + 1} games in a row ended before {self.agent!r} was asked "
                           f"(MAX_SKIPPED_GAMES={MAX_SKIPPED_GAMES})")
@@ -89,7 +89,7 @@ class SinglePlayer(gym.Env[list[Any], Any]):
         obs, reward, terminated, truncated, info = self.env.last() if asked else self._final()
         info = {**info, "seat": self.agent}
         if asked:
-            self._tools(info)
+            self._tools()
         else:
             self._running = False
         return obs, float(reward), bool(terminated), bool(truncated), info
@@ -128,7 +128,8 @@ class SinglePlayer(gym.Env[list[Any], Any]):
             return opponents.act_batch([key], [list(obs)], [info])[0]
         return opponents(seat, list(obs), info)
 
-    def _tools(self, info: dict[str, Any]) -> None:
+    def _tools(self) -> None:
+        """The seat's action space samples the tools it has now."""
         self.action_space.tools = list(self.env.action_space(self.agent).tools)
 
     # -- the task API, as gym.make's env has it (the play page lists splits with it) ------------------

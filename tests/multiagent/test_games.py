@@ -386,3 +386,17 @@ def test_recv_with_nothing_moving_says_why_at_once() -> None:
             env.recv()
     finally:
         env.close()
+
+
+def test_an_env_that_fails_mid_game_ends_every_seat_truncated_with_its_error() -> None:
+    """proposer_solver's run() raises when the proposer's reply holds no JSON contract: the game
+    is over at once, every started seat truncated with the env's error, nothing hangs."""
+    env = parallel_env(VERIFIERS, source=str(PROPOSER), env_config={"n": 2}, seat_runs={"solver": 2})
+    try:
+        env.reset(options={"index": 0})
+        obs, rewards, terms, truncs, infos = env.step({"proposer": "I would rather not."})
+        assert env.agents == [] and list(truncs) == ["proposer"] and truncs["proposer"]
+        assert rewards == {"proposer": 0.0}
+        assert "did not end with the JSON contract" in infos["proposer"]["error"]["message"]
+    finally:
+        env.close()
