@@ -1,4 +1,5 @@
-"""EnvSession: one environment's episode over a (possibly shared) adapter.
+"""EnvSession: one environment's episode over a (possibly shared) adapter; GameSession: one
+multi-seat environment's game.
 
 This is the async core of the Gymnasium contract, written once: seeded task choice, the reset
 options, action parsing, the turn limit, the terminated/truncated split and the info keys.
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gymnasium.utils import seeding
 
+from openenv_gym import runtime
 from openenv_gym.actions import Turn, parse_action
 from openenv_gym.adapters.base import Adapter, Episode
+from openenv_gym.adapters.games import Game, Moves
 from openenv_gym.errors import (
     ConfigurationError,
     EpisodeFinished,
@@ -28,7 +32,7 @@ from openenv_gym.errors import (
 )
 from openenv_gym.wire import UNBOUNDED_TASKS, Message, TaskRef, ToolSpec, to_plain_json
 
-__all__ = ["EnvSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "TaskCursor", "check_steppable",
+__all__ = ["EnvSession", "GameSession", "RESET_OPTIONS", "STEP_TIMEOUT", "START_TIMEOUT", "StepResult", "TaskCursor", "check_steppable",
            "pick_index", "pick_task", "check_env_values", "checked_options"]
 
 RESET_OPTIONS = frozenset({"split", "index", "task"})
@@ -278,3 +282,103 @@ class EnvSession:
     async def task(self, split: str, index: int) -> dict[str, Any]:
         return await self.adapter.task(split, index)
 
+
+class GameSession:
+    """One multi-agent env's games, one at a time: to a game what :class:`EnvSession` is to an episode.
+
+    ``reset`` picks the task exactly as ``gym.make``'s env does (``split``, ``index`` or ``task``
+    options; without an index one drawn from ``np_random``; in an endless split, task ``k`` for
+    seed ``k``) and starts a :class:`~openenv_gym.adapters.games.Game` on it; ``act`` answers
+    seats. The PettingZoo edges (:mod:`openenv_gym.multiagent`) call it through the runtime
+    loop, each call bounded by ``step_timeout``; a shard holds many, in any process.
+
+    Args:
+        adapter: a started adapter that plays games (``adapter.game()``); closed by :meth:`aclose`
+            when ``owns_adapter`` (a shard's games share one and close it themselves).
+        split: the default split (default: the adapter's first train split).
+        step_timeout, start_timeout: the bounds of one call and of starting (as ``gym.make``'s).
+    """
+
+    def __init__(self, adapter: Adapter, *, split: str | None = None, step_timeout: float = STEP_TIMEOUT,
+                 start_timeout: float = START_TIMEOUT, owns_adapter: bool = True):
+        self.adapter = adapter
+        self.owns_adapter = owns_adapter
+        self.split = split
+        self.step_timeout = step_timeout
+        self.start_timeout = start_timeout
+        self.np_random, _ = seeding.np_random()
+        self.cursor = TaskCursor()
+        self.game: Game | None = None
+        self.moves: Moves | None = None
+        self.closed = False
+
+    @property
+    def players(self) -> list[str]:
+        """Every seat a game may have (``possible_agents``)."""
+        return list(self.adapter.players())  # type: ignore[attr-defined]
+
+    # -- async core ------------------------------------------------------------------------------------
+    async def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None) -> Moves:
+        """End the running game, pick a task and start a new game; its first moves.
+
+        Unknown option names are ignored with a warning (PettingZoo's conformance test passes
+        one), where ``gym.make``'s env refuses them.
+        """
+        if seed is not None:
+            self.np_random, _ = seeding.np_random(seed)
+            self.cursor.seed(seed)
+        given = dict(options or {}) if isinstance(options, Mapping) or options is None else options
+        if isinstance(given, dict):
+            unknown = sorted(repr(k)[:40] for k in given if k not in RESET_OPTIONS)
+            if unknown:
+                warnings.warn(f"unknown reset option(s) {', '.join(unknown)} ignored; a game takes split, index or task",
+                              stacklevel=3)
+                given = {k: v for k, v in given.items() if k in RESET_OPTIONS}
+        checked = checked_options(given)
+        await self.end_game()
+        ref = await pick_task(self.adapter, checked.get("split") or self.split, checked, self.np_random, self.cursor)
+        game = self.adapter.game()  # type: ignore[attr-defined]
+        self.game = game
+        moves = await game.start(ref)
+        moves.info.update(split=ref.split, index=ref.index)
+        self.moves = moves
+        return moves
+
+    async def act(self, actions: Mapping[str, Any]) -> Moves:
+        """Answer the seats in ``actions`` (assistant messages, as ``env.step`` takes them)."""
+        if self.game is None:
+            raise EpisodeNotStarted("no game is running: call reset() first")
+        # A driver in another process sends turns parsed where the model's reply was read.
+        turns = {seat: action if isinstance(action, Turn) else parse_action(action) for seat, action in actions.items()}
+        moves = await self.game.act(turns)
+        if self.moves is not None:
+            moves.info = {**self.moves.info, **moves.info}
+        self.moves = moves
+        return moves
+
+    async def end_game(self) -> None:
+        if self.game is not None:
+            game, self.game = self.game, None
+            await game.aclose()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        try:
+            await self.end_game()
+        finally:
+            if self.owns_adapter:
+                await self.adapter.aclose()
+
+    # -- sync edges ------------------------------------------------------------------------------------
+    def call(self, coro: Any, what: str) -> Any:
+        """Run ``coro`` on the runtime loop, bounded by ``step_timeout``."""
+        if self.closed:
+            coro.close()
+            raise ConfigurationError("the env is closed")
+        return runtime.run_sync(coro, self.step_timeout, what=what, limit="step_timeout")
+
+    def close(self) -> None:
+        """End the game (every seat's rollout) and close the adapter; idempotent."""
+        if not self.closed:
+            runtime.untrack(self)
+            runtime.run_sync(self.aclose(), self.step_timeout, what="closing the env", limit="step_timeout")

@@ -17,8 +17,9 @@ then, since rewards may be settled only after the last seat's turn (``proposer_s
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from openenv_gym.actions import Turn
 from openenv_gym.errors import ConfigurationError
@@ -32,8 +33,7 @@ class NotAsked(ConfigurationError):
     a name that is no seat of the game)."""
 
 
-@dataclass
-class Asked:
+class Asked(msgspec.Struct):
     """A seat the game waits on: what it has not yet seen, and its tools when they changed."""
 
     seat: str
@@ -41,24 +41,25 @@ class Asked:
     """The seat's new messages since it last acted (at its first ask: its whole opening)."""
     tools: list[ToolSpec] | None = None
     """The seat's tools at its first ask, or when they changed; else ``None``."""
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = {}
 
 
-@dataclass
-class Paid:
+class Paid(msgspec.Struct):
     """A seat's end: its reward for the game (named components in ``info``) and how it ended."""
 
     seat: str
     reward: float
     terminated: bool
     truncated: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = {}
 
 
-@dataclass
-class Moves:
+class Moves(msgspec.Struct):
     """Where a game stands once it settled: whom it waits on, who has appeared, and at the end
-    every appeared seat's :class:`Paid`."""
+    every appeared seat's :class:`Paid`.
+
+    Structs (not dataclasses), so that a game run in another process (a host process, a Ray
+    actor: :class:`~openenv_gym.shard.shard.Shard`) sends its moves as msgpack, typed."""
 
     asked: dict[str, Asked]
     """The seats the game waits on, in the order they asked."""
@@ -66,7 +67,7 @@ class Moves:
     """Every seat started so far, in the order it started."""
     paid: dict[str, Paid] | None = None
     """Set once the game is over: one entry per appeared seat."""
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = {}
     """The game's own: ``task_id``, and ``error`` (``{"type", "message"}``) when the env failed."""
 
     @property

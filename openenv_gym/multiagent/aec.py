@@ -19,7 +19,7 @@ from pettingzoo import AECEnv
 from openenv_gym.adapters.games import Moves, NotAsked
 from openenv_gym.errors import EpisodeFinished, EpisodeNotStarted
 from openenv_gym.multiagent.seats import Observation, Seats, end_info
-from openenv_gym.multiagent.session import GameSession
+from openenv_gym.session import GameSession
 
 __all__ = ["GameAECEnv", "Observation"]
 

@@ -1,7 +1,7 @@
 """What every PettingZoo edge of a game shares: a seat's observation type, its spaces, its end.
 
 :class:`Seats` holds the per-seat spaces (the same object every call, as PettingZoo's tests
-require) and starts a game from a :class:`~openenv_gym.multiagent.session.GameSession`;
+require) and starts a game from a :class:`~openenv_gym.session.GameSession`;
 :func:`end_info` is a paid seat's info, the game's own facts added.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from openenv_gym.adapters.games import Moves, Paid
 from openenv_gym.errors import ServerError
-from openenv_gym.multiagent.session import GameSession
+from openenv_gym.session import GameSession
 from openenv_gym.spaces import AssistantAction, Messages
 
 __all__ = ["Observation", "Seats", "end_info"]

@@ -20,15 +20,16 @@ from typing import Any
 import msgspec
 
 from openenv_gym.actions import Turn
+from openenv_gym.adapters.games import Moves
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.processes import open_files_limit
 from openenv_gym.runtime import Deadlines
 from openenv_gym.runtime import within as _within
-from openenv_gym.session import EnvSession
+from openenv_gym.session import EnvSession, GameSession
 from openenv_gym.wire import Message, decode_with
 
 __all__ = [
-    "OpKind", "Op", "Result", "run_op", "error_dict", "failed", "call_each",
+    "OpKind", "Op", "Result", "run_op", "run_game_op", "error_dict", "failed", "call_each",
     "encode_ops", "decode_ops", "encode_results", "decode_results", "encodable", "ENCODE_ERRORS",
 ]
 
@@ -67,6 +68,9 @@ class Op(msgspec.Struct, array_like=True, omit_defaults=True):
     """The action already parsed (a driver that ships ops to another process sends this rather
     than the raw action: a parsed turn always encodes, whatever the model wrote; a served session
     sends both, having parsed it to check the call). Sub-envs with wrappers take ``action``."""
+    turns: dict[str, Turn] | None = None
+    """A game's ``STEP``: the turns of the seats it answers, parsed on the driver (a game is one
+    session; the seats it waits on are its pending ops)."""
 
 
 class Result(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -81,6 +85,8 @@ class Result(msgspec.Struct, array_like=True, omit_defaults=True):
     info: dict[str, Any] = {}
     error: dict[str, Any] | None = None
     """Set when the backend failed; the sub-env was truncated and must be recreated."""
+    moves: Moves | None = None
+    """A game's answer: where it stands once it settled (whom it waits on, who is paid)."""
 
 
 def error_dict(exc: BaseException, message: str | None = None) -> dict[str, Any]:
@@ -158,6 +164,26 @@ async def run_op(session: EnvSession, op: Op, timeout: float | None = None, wrap
     except Exception as exc:  # the adapter's own timeouts keep their message (and its limit)
         err = error_dict(exc)
     return failed(op, err)
+
+
+async def run_game_op(session: GameSession, op: Op, timeout: float | None = None,
+                      deadlines: Deadlines | None = None) -> Result:
+    """Execute ``op`` on a game: ``RESET`` starts one (``seed``, ``options``), ``STEP`` answers
+    the seats in ``op.turns``, ``END`` ends it. The answer is the game's :class:`Moves`; a failure
+    or a timeout becomes ``Result.error``, as for :func:`run_op`, and a caller's mistake (an
+    action for a seat that was not asked) is marked ``user``."""
+    within = _within if deadlines is None else deadlines.within
+    try:
+        if op.kind is OpKind.END:
+            await within(session.end_game(), timeout, "ending the game")
+            return Result(op.env_id, op.req_id, [])
+        if op.kind is OpKind.RESET:
+            moves = await within(session.reset(op.seed, op.options), timeout, "the game's reset")
+        else:
+            moves = await within(session.act(op.turns or {}), timeout, "the game's step")
+        return Result(op.env_id, op.req_id, [], moves=moves)
+    except Exception as exc:
+        return failed(op, error_dict(exc))
 
 
 async def call_each(sessions: Iterable[EnvSession], name: str, args: tuple, kwargs: dict) -> list[Any]:

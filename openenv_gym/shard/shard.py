@@ -18,6 +18,13 @@ under another interpreter (:mod:`openenv_gym.hosts.server`), and in a Ray actor
   cancels that one;
 * closing everything, bounded.
 
+A shard may hold *games* instead (``ShardConfig.games``: a multi-agent env's
+:class:`~openenv_gym.session.GameSession`, one per game id): a game is one session, answered
+by the same ops (``RESET``, ``STEP`` with the turns of the seats it waits on, ``END``), whose
+results carry the game's :class:`~openenv_gym.adapters.games.Moves`. So games run wherever
+sub-envs run, in this process, in host processes and in Ray actors
+(:class:`~openenv_gym.multiagent.vector.GameVectorEnv`).
+
 Every method is a coroutine on the loop of the process it runs in; nothing here knows about
 batching, autoreset or which process it is in.
 """
@@ -36,7 +43,7 @@ from openenv_gym.adapters.base import Adapter, AdapterSpec
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.processes import ensure_open_files
 from openenv_gym.runtime import Deadlines
-from openenv_gym.session import EnvSession, TaskCursor
+from openenv_gym.session import EnvSession, GameSession, TaskCursor
 from openenv_gym.shard.ops import (
     Op,
     OpKind,
@@ -46,6 +53,7 @@ from openenv_gym.shard.ops import (
     encode_results,
     error_dict,
     failed,
+    run_game_op,
     run_op,
 )
 from openenv_gym.shard.wrapped import SubEnvWrappers
@@ -92,6 +100,8 @@ class ShardConfig(msgspec.Struct, kw_only=True):
     max_in_flight: int | None = None
     replaced: bool = False
     env_wrappers: list[Any] = []
+    games: bool = False
+    """The sessions are games of a multi-agent env (the adapter recipe plays games)."""
 
     @property
     def adapter(self) -> AdapterSpec:
@@ -112,7 +122,7 @@ class Shard:
         self._deadlines = Deadlines()  # every op's step_timeout, one timer
         self._sem: asyncio.Semaphore | None = None
         self._adapters: list[Adapter] = []
-        self._sessions: dict[int, EnvSession] = {}
+        self._sessions: dict[int, Any] = {}  # EnvSession, or GameSession for games
         self._tools: list[ToolSpec] = []
         self._starting: asyncio.Task[None] | None = None
         self._started = False
@@ -134,7 +144,7 @@ class Shard:
         """Ops running now."""
         return len(self._tasks)
 
-    def session(self, env_id: int) -> EnvSession:
+    def session(self, env_id: int) -> Any:
         """The session of ``env_id`` (started shards only): for an in-process driver's reads."""
         return self._sessions[env_id]
 
@@ -157,7 +167,7 @@ class Shard:
         try:
             await adapters[0].start()
             await asyncio.gather(*(a.start() for a in adapters[1:]))
-            tools = await adapters[0].tools()
+            tools = [] if self.config.games else await adapters[0].tools()  # a game's seats get theirs as asked
         except BaseException:
             await asyncio.gather(*(a.aclose() for a in adapters), return_exceptions=True)
             raise
@@ -167,9 +177,14 @@ class Shard:
             self._sem = asyncio.Semaphore(self.config.max_in_flight)
         self._started = True
 
-    def _new_session(self, local_index: int) -> EnvSession:
+    def _new_session(self, local_index: int) -> Any:
         adapter = self._adapters[local_index % len(self._adapters)]
-        session = EnvSession(adapter, split=self.config.split, max_turns=self.config.max_turns)
+        session: Any
+        if self.config.games:
+            session = GameSession(adapter, split=self.config.split, owns_adapter=False,
+                                  step_timeout=self._step_timeout or float("inf"))
+        else:
+            session = EnvSession(adapter, split=self.config.split, max_turns=self.config.max_turns)
         # Sub-env i of n walks an endless split from task i in steps of n: together they play every task once.
         session.cursor = TaskCursor(self.config.env_ids[local_index], self.config.num_envs or 1)
         return session
@@ -250,6 +265,8 @@ class Shard:
                                    "message": "the process hosting this sub-env died and was replaced; "
                                               "its episode was lost"})
             self._lost.discard(op.env_id)
+            if self.config.games:
+                return await run_game_op(session, op, self._step_timeout, self._deadlines)
             wrapped = None if self._wrapped is None else (
                 self._wrapped, self._wrapped.stack(op.env_id, session, self._tools))
             if self._sem is None:
@@ -259,7 +276,7 @@ class Shard:
         except Exception as exc:  # a bug rather than a backend failure: still only this sub-env
             return failed(op, error_dict(exc))
 
-    async def _recreate(self, env_id: int, old: EnvSession) -> EnvSession:
+    async def _recreate(self, env_id: int, old: Any) -> Any:
         """A fresh session for ``env_id`` (its previous request failed); the old one is closed,
         within ``step_timeout`` (its backend is the thing that failed)."""
         new = self._new_session(self._local[env_id])

@@ -400,3 +400,88 @@ def test_an_env_that_fails_mid_game_ends_every_seat_truncated_with_its_error() -
         assert "did not end with the JSON contract" in infos["proposer"]["error"]["message"]
     finally:
         env.close()
+
+
+def play_until(env: Any, ready: list, done: Callable[[list], bool], history: dict, tokens: bool = False) -> list:
+    """Answer every ready seat with ``kuhn_move`` until ``done(records so far)``; the records."""
+    records: list = []
+    while not done(records):
+        actions, toks = {}, {}
+        for r in ready:
+            if r.terminated or r.truncated:
+                history.pop((r.game, r.seat), None)
+                continue
+            seen = history.setdefault((r.game, r.seat), [])
+            seen += r.observation
+            actions[(r.game, r.seat)] = move = kuhn_move(seen)
+            seen.append({"role": "assistant", "content": move})
+            toks[(r.game, r.seat)] = {"completion_token_ids": [len(move)], "logprobs": [-0.5]}
+        ready = env.step(actions, toks if tokens else None)
+        records += env.pop_records()
+    return records
+
+
+@pytest.mark.parametrize("backend", ["hosts", pytest.param("ray", marks=pytest.mark.ray)])
+def test_games_run_in_host_processes_and_ray_actors_as_in_process(backend: str) -> None:
+    """The same shard holds games wherever it runs: 4 games over 2 host processes (or 2 Ray
+    actors) give the seats what this process gives them, the per-seat groups, and the token ids
+    the policy reported; closing leaves no process."""
+    from openenv_gym.multiagent import vector_env
+
+    before = set(procs.descendants(os.getpid()))
+    options = {"num_hosts": 2} if backend == "hosts" else {"num_actors": 2}
+    env = vector_env(VERIFIERS, 4, source=str(KUHN), group_size=2, backend="concurrent" if backend == "hosts" else "ray",
+                     vector_options=options)
+    try:
+        assert env.possible_agents == ["player0", "player1"]
+        pids = env.pids
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        ready = env.reset(seed=3)
+        assert sorted((r.game, r.seat) for r in ready) == [(g, "player0") for g in range(4)]
+        records = play_until(env, ready, lambda rs: len([r for r in rs if r.group_episode == 0]) >= 8, {}, tokens=True)
+    finally:
+        env.close()
+    first = [r for r in records if r.group_episode == 0]
+    assert {r.index for r in first if r.group == 0} == {3} and {r.index for r in first if r.group == 1} == {4}
+    by_game: dict[str, list] = {}
+    for r in first:
+        by_game.setdefault(r.game_id, []).append(r)
+        assert r.advantage is not None and r.completion_token_ids == [[len(m["content"])] for m in r.messages
+                                                                      if m["role"] == "assistant"]
+    assert len(by_game) == 4 and all(sum(r.total_reward for r in rs) == 0 for rs in by_game.values())
+    reference = library_kuhn(sorted({r.index for r in first}), kuhn_move)
+    assert all(r.total_reward == reference[r.index][r.seat][0] for r in first)
+    if backend == "hosts":
+        left = sorted(set(procs.descendants(os.getpid())) - before)
+        assert procs.wait_dead(left, timeout=10) == [], "closing left a host or a seat's program running"
+
+
+@pytest.mark.slow
+def test_a_killed_host_ends_its_games_truncated_and_they_start_again() -> None:
+    from openenv_gym.multiagent import vector_env
+
+    env = vector_env(VERIFIERS, 2, source=str(KUHN), vector_options={"num_hosts": 2})
+    try:
+        ready = env.reset(seed=0)
+        victim = env.pids[1]  # the host of game 1
+        os.kill(victim, 9)
+        history: dict = {}
+        actions = {}
+        for r in ready:
+            seen = history.setdefault((r.game, r.seat), list(r.observation))
+            actions[(r.game, r.seat)] = kuhn_move(seen)
+        ended = env.step(actions)
+        for _ in range(20):  # game 0 may answer first
+            if any(r.game == 1 and r.truncated for r in ended):
+                break
+            ended += env.recv()
+        lost = [r for r in ended if r.game == 1 and r.truncated]
+        assert [r.seat for r in lost] == ["player0", "player1"]  # every seat the game had started
+        assert "failed and was replaced" in lost[0].info["error"]["message"]
+        assert env.replaced_shards == 1 and victim not in env.pids
+        # Game 1 starts again on the replacement: its first seat is asked.
+        records = play_until(env, [r for r in ended if not r.truncated],
+                             lambda rs: any(r.env_id == 1 and not r.truncated for r in rs), history)
+        assert any(r.env_id == 1 and r.terminated for r in records)
+    finally:
+        env.close()
