@@ -42,7 +42,7 @@ from openenv_gym.multiagent import vector_env
 from openenv_gym.testing.openai_stub import OpenAIStub
 
 ENVS = Path(__file__).resolve().parent.parent / "tests" / "envs" / "verifiers_v1"
-KUHN, ARITH = ENVS / "kuhn_poker_v1", ENVS / "vf1_arith"
+KUHN, ARITH = Path(openenv_gym.__file__).parent / "examples" / "kuhn_poker_v1", ENVS / "vf1_arith"
 
 
 def move(messages: list[dict[str, Any]]) -> str:
@@ -168,7 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     from figures import figure, write
 
-    with importable(ENVS):
+    with importable(ENVS), importable(KUHN.parent):
         result = bench(args.games, args.rounds, args.hands)
     rows = result["rounds"]
     write(args.json, [

@@ -32,6 +32,7 @@ enforces reset-before-step itself with :mod:`openenv_gym.errors` exceptions.
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -90,6 +91,8 @@ def needs(adapter: str) -> str | None:
 
 
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout", "start_timeout")
+SINGLE_PLAYER = ("openenv_gym.multiagent.single_player", "from_make")
+"""What builds ``gym.make(ID, single_player=SEAT, opponents=...)``: one seat of a game."""
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
 
 HOST_KWARGS = ("python", "isolate")
@@ -208,11 +211,18 @@ def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     """Gymnasium entry point of every openenv id: an :class:`~openenv_gym.env.AgentEnv` over ``adapter``.
 
     ``kwargs`` are the adapter's constructor kwargs plus the env's :data:`ENV_KWARGS` (``split``,
-    ``max_turns``, ``render_mode``, ``step_timeout``, ``start_timeout``). An unknown name is a
+    ``max_turns``, ``render_mode``, ``step_timeout``, ``start_timeout``); for a game,
+    ``single_player=SEAT`` and ``opponents=`` make one seat the env
+    (:class:`~openenv_gym.multiagent.SinglePlayer`). An unknown name is a
     :class:`~openenv_gym.errors.ConfigurationError` naming it, with close matches, before
     anything is built.
     """
+    seat, opponents = kwargs.pop("single_player", None), kwargs.pop("opponents", None)
+    if seat is None and opponents is not None:
+        raise ConfigurationError("opponents= plays the other seats of a game: pass single_player=SEAT too")
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs)
+    if seat is not None:  # one seat of a game (openenv_gym.multiagent, a floor above: reached by name)
+        return getattr(importlib.import_module(SINGLE_PLAYER[0]), SINGLE_PLAYER[1])(spec, env_kwargs, seat, opponents)
     from openenv_gym.env import AgentEnv
 
     python = env_kwargs.pop("python", None)
@@ -258,6 +268,11 @@ def make_vec(
     from openenv_gym.vector.base import check_num_envs
 
     num_envs = check_num_envs(num_envs)  # an int from here on (numpy integers too)
+    if "single_player" in kwargs or "opponents" in kwargs:
+        raise ConfigurationError(
+            "single_player= makes one env of one seat: for many, pass vectorization_mode='sync' or 'async' "
+            "(Gymnasium's vector envs over gym.make), or play every seat of many games with "
+            "openenv_gym.multiagent.vector_env(ID, n)")
     if backend not in vector.BACKENDS:
         close = difflib.get_close_matches(str(backend), vector.BACKENDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -317,7 +332,8 @@ def _register(id: str, kwargs: dict[str, Any], *, entry_point: Any = ENTRY_POINT
 
 def register_builtins() -> None:
     """Register each backend's built-in id (``openenv/ORS-v0``, ``openenv/Fleet-v0``,
-    ``openenv/Verifiers-v0``, ``openenv/OpenEnv-v0``...) and the bundled examples."""
+    ``openenv/Verifiers-v0``, ``openenv/OpenEnv-v0``...) and the bundled examples
+    (``openenv/Arithmetic-v0``; ``openenv/KuhnPoker-v0``, verifiers' own two-seat game)."""
     for backend in backends.backends():
         if backend.builtin:
             _register(env_id(backend.builtin), {"adapter": backend.adapter})
@@ -325,6 +341,8 @@ def register_builtins() -> None:
         "adapter": ADAPTERS["ors"], "source": str(_EXAMPLES / "arithmetic.py"), "env_class": "Arithmetic",
         "max_turns": 8,
     })
+    # A game (two seats): played through openenv_gym.multiagent; gym.make names that module.
+    _register(env_id("KuhnPoker"), {"adapter": ADAPTERS["verifiers"], "source": str(_EXAMPLES / "kuhn_poker_v1")})
 
 
 def register_catalog() -> list[str]:

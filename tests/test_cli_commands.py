@@ -225,3 +225,13 @@ def test_view_html_is_bounded_by_a_named_limit(tmp_path, capsys, monkeypatch):
     err = one_line_error(capsys.readouterr().err)
     assert "over MAX_HTML_BYTES=2,000" in err and "serve it instead" in err
     assert not (tmp_path / "page.html").exists()
+
+
+def test_play_refuses_opponents_without_a_seat_before_starting_anything(capsys):
+    """--opponent-url and --opponent-model play a game's other seats: without --seat (or one
+    without the other) the command says so, and no env or page starts."""
+    assert main(["play", "openenv/KuhnPoker-v0", "--opponent-url", "http://127.0.0.1:9/v1",
+                 "--opponent-model", "m"]) == 2
+    assert "give --seat" in one_line_error(capsys.readouterr().err)
+    assert main(["play", "openenv/KuhnPoker-v0", "--seat", "player1", "--opponent-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "go together" in one_line_error(capsys.readouterr().err)

@@ -41,9 +41,10 @@ def test_the_installed_wheel_runs_the_main_job(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(line) for line in (work / "rollout.jsonl").read_text().splitlines()]
     assert len(records) >= 40 and all(r["task_id"] for r in records)
-    # What the wheel must carry beyond .py modules: the bundled example env, the server launcher
+    # What the wheel must carry beyond .py modules: the bundled example envs, the server launcher
     # run by path, the web pages' static files.
     listing = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True).stdout
-    for member in ("openenv_gym/examples/arithmetic.py", "openenv_gym/adapters/local_servers/serve.py",
+    for member in ("openenv_gym/examples/arithmetic.py", "openenv_gym/examples/kuhn_poker_v1/taskset.py",
+                   "openenv_gym/adapters/local_servers/serve.py",
                    "openenv_gym/web/static/", "openenv_gym/py.typed"):
         assert member in listing, member

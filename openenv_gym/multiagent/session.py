@@ -15,7 +15,7 @@ from openenv_gym.adapters.base import AdapterSpec, accepted_kwargs
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.session import START_TIMEOUT, STEP_TIMEOUT, GameSession
 
-__all__ = ["GameSession", "game_spec", "open_session"]
+__all__ = ["GameSession", "as_game", "game_spec", "open_session", "start_session"]
 
 
 def game_spec(env_id: str, kwargs: dict[str, Any]) -> tuple[AdapterSpec, dict[str, Any]]:
@@ -23,7 +23,11 @@ def game_spec(env_id: str, kwargs: dict[str, Any]) -> tuple[AdapterSpec, dict[st
     ``step_timeout``...); a ConfigurationError for an env that has no seats to play."""
     from openenv_gym.registration import adapter_spec
 
-    spec, env_kwargs = adapter_spec(env_id, dict(kwargs))
+    return as_game(*adapter_spec(env_id, dict(kwargs)), env_id)
+
+
+def as_game(spec: AdapterSpec, env_kwargs: dict[str, Any], env_id: str = "this env") -> tuple[AdapterSpec, dict[str, Any]]:
+    """``spec`` (an adapter recipe, as ``gym.make`` splits its kwargs) set to play games."""
     if "python" in env_kwargs:
         raise ConfigurationError("a multi-agent env runs in this process (python=/isolate= are not supported for games)")
     accepted = accepted_kwargs(spec.target()) or frozenset()
@@ -39,7 +43,11 @@ def game_spec(env_id: str, kwargs: dict[str, Any]) -> tuple[AdapterSpec, dict[st
 def open_session(env_id: str, kwargs: dict[str, Any]) -> GameSession:
     """The started :class:`GameSession` of ``env_id`` with ``kwargs`` (as ``gym.make`` takes them),
     every seat played by the caller; a ConfigurationError for an env that has no seats to play."""
-    spec, env_kwargs = game_spec(env_id, kwargs)
+    return start_session(*game_spec(env_id, kwargs))
+
+
+def start_session(spec: AdapterSpec, env_kwargs: dict[str, Any]) -> GameSession:
+    """The started :class:`GameSession` of a game recipe (:func:`game_spec`, :func:`as_game`)."""
     adapter = spec.build()
     session = GameSession(adapter, split=env_kwargs.get("split"),
                           step_timeout=env_kwargs.get("step_timeout") or STEP_TIMEOUT,

@@ -22,7 +22,7 @@ from openenv_gym.multiagent.seats import Observation
 from openenv_gym.policies import Policy
 from openenv_gym.spaces import AssistantAction, Messages
 
-__all__ = ["SinglePlayer", "MAX_SKIPPED_GAMES"]
+__all__ = ["SinglePlayer", "MAX_SKIPPED_GAMES", "from_make"]
 
 MAX_SKIPPED_GAMES = 8
 """Games in a row a reset may skip because they ended before the seat was asked (an opponent
@@ -143,3 +143,21 @@ class SinglePlayer(gym.Env[list[Any], Any]):
 
     def close(self) -> None:
         self.env.close()
+
+
+def from_make(spec: Any, env_kwargs: dict[str, Any], seat: Any, opponents: Any) -> SinglePlayer:
+    """``gym.make(ID, single_player=seat, opponents=...)``: the seat of a game as a Gymnasium env.
+
+    Called by the package's ``gym.make`` entry point (by name, so that registering ids never
+    imports this module) with the adapter recipe it split from the kwargs."""
+    from openenv_gym.multiagent.session import as_game, start_session
+
+    if opponents is None:
+        raise ConfigurationError("single_player= needs opponents=: a function (seat, observation, info) -> action, "
+                                 "or a Policy (OpenAIPolicy for a model) playing the other seats")
+    session = start_session(*as_game(spec, env_kwargs))
+    try:
+        return SinglePlayer(GameAECEnv(session, ""), seat, opponents)
+    except BaseException:
+        session.close()
+        raise

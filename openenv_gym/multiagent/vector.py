@@ -415,6 +415,7 @@ class GameVectorEnv:
             await self._shards.cancel(busy)
         with self._lock:
             self._out, self._failure = [], None
+            self._group_done.clear()  # groups cut short by the reset: their games are abandoned
             ops = [self._reset_op(slot) for slot in self._games]
         self._send_ops(ops)
         event = self._event()

@@ -41,7 +41,8 @@ from openenv_gym.testing import procs  # noqa: E402
 from openenv_gym.testing.openai_stub import OpenAIStub  # noqa: E402
 
 ENVS = Path(__file__).parents[1] / "envs" / "verifiers_v1"
-KUHN, PROPOSER = ENVS / "kuhn_poker_v1", ENVS / "proposer_solver_v1"
+KUHN = Path(openenv_gym.__file__).parent / "examples" / "kuhn_poker_v1"
+PROPOSER = ENVS / "proposer_solver_v1"
 VERIFIERS = "openenv/Verifiers-v0"
 PINNED_NULL = v1mod._held_to_pins({"id": "null"}, local=True)
 """The ``null`` harness resolved as the package resolves it (the tested set): the library's own runs
@@ -52,7 +53,7 @@ requirements, not by the resolution date."""
 @pytest.fixture(scope="module", autouse=True)
 def importable_tasksets() -> Iterator[None]:
     """The library's own runs (the reference) import the tasksets by name."""
-    with importable(ENVS):
+    with importable(ENVS), importable(KUHN.parent):
         yield
 
 
@@ -103,6 +104,8 @@ def play_aec(env: Any, index: int, reply: Callable[[list[dict[str, Any]]], str])
         obs, reward, terminated, truncated, info = env.last()
         if terminated or truncated:
             out[seat] = (reward, info["metrics"]["forfeit"], info)
+            with pytest.raises(ValueError, match="the only valid action is None"):  # PettingZoo's rule for a finished seat
+                env.step("[check]")
             env.step(None)
             continue
         history.setdefault(seat, []).extend(obs)
@@ -279,9 +282,16 @@ class Scripted:
         return move
 
 
-def test_one_seat_is_a_gymnasium_env_against_a_given_policy() -> None:
+@pytest.mark.parametrize("made", ["wrapper", "gym.make"])
+def test_one_seat_is_a_gymnasium_env_against_a_given_policy(made: str) -> None:
+    import gymnasium as gym
+
     reference = library_kuhn([2], kuhn_move)[2]
-    env = SinglePlayer(aec_env(VERIFIERS, source=str(KUHN)), "player1", opponents=Scripted())
+    if made == "wrapper":
+        env = SinglePlayer(aec_env(VERIFIERS, source=str(KUHN)), "player1", opponents=Scripted())
+    else:
+        env = gym.make("openenv/KuhnPoker-v0", single_player="player1", opponents=Scripted())
+        assert env.spec.id == "openenv/KuhnPoker-v0" and isinstance(env.unwrapped, SinglePlayer)
     try:
         obs, info = env.reset(options={"index": 2})
         mine = list(obs)
@@ -298,6 +308,21 @@ def test_one_seat_is_a_gymnasium_env_against_a_given_policy() -> None:
             env.step("[check]")
     finally:
         env.close()
+
+
+def test_single_player_kwargs_are_checked_where_they_cannot_apply() -> None:
+    import gymnasium as gym
+
+    with pytest.raises(ConfigurationError, match="pass single_player=SEAT too"):
+        gym.make("openenv/KuhnPoker-v0", opponents=Scripted())
+    with pytest.raises(ConfigurationError, match="needs opponents="):
+        gym.make("openenv/KuhnPoker-v0", single_player="player1")
+    with pytest.raises(ConfigurationError, match="not a multi-agent env"):
+        gym.make("openenv/Arithmetic-v0", single_player="player1", opponents=Scripted())
+    with pytest.raises(ConfigurationError, match="vectorization_mode='sync'"):
+        gym.make_vec("openenv/KuhnPoker-v0", 2, single_player="player1", opponents=Scripted())
+    with pytest.raises(ConfigurationError, match="'dealer' is not a seat"):
+        gym.make("openenv/KuhnPoker-v0", single_player="dealer", opponents=Scripted())
 
 
 @pytest.mark.slow  # a dozen games with random actions: about a minute

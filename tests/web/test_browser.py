@@ -308,9 +308,8 @@ def test_play_a_seat_of_a_game_against_a_model(watched: Watched, tmp_path: Path)
         seen = "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
         return {"role": "assistant", "content": "[bet]" if "Your private card: K" in seen else "[check]"}
 
-    kuhn = Path(__file__).parents[1] / "envs" / "verifiers_v1" / "kuhn_poker_v1"
     with OpenAIStub(player0) as stub:
-        play = PlayCommand(tmp_path, "openenv/Verifiers-v0", f"source={kuhn}", "--seat", "player1",
+        play = PlayCommand(tmp_path, "openenv/KuhnPoker-v0", "--seat", "player1",
                            "--opponent-url", stub.url, "--opponent-model", "stub", "--linger", "1", "--out", "mine.jsonl")
         page = watched.page
         try:

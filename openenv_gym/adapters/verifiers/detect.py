@@ -231,7 +231,7 @@ def env_seats(pkg: Path, mod: Module, node: ast.ClassDef, depth: int = 0) -> lis
 MULTI_AGENT_HINT = (
     "Gymnasium's Env has one agent: play its seats with openenv_gym.multiagent.aec_env(ID) or "
     "parallel_env(ID) (PettingZoo's API), or one seat as a Gymnasium env with "
-    "openenv_gym.multiagent.SinglePlayer(aec_env(ID), seat, opponents=...)"
+    "gym.make(ID, single_player=SEAT, opponents=...) (openenv_gym.multiagent.SinglePlayer)"
 )
 """What to say when a multi-agent Verifiers env is made as a Gymnasium env."""
 
