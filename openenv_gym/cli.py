@@ -264,17 +264,16 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
     make = None
     if args.seat is not None:  # one seat of a game; the other seats are the opponents' policy
-        from openenv_gym.multiagent import SinglePlayer, aec_env
-        from openenv_gym.policies import OpenAIPolicy, RandomPolicy
+        import gymnasium as gym
 
         if (args.opponent_url is None) != (args.opponent_model is None):
             raise ConfigurationError("--opponent-url and --opponent-model go together (an OpenAI-compatible "
                                      "endpoint and its model)")
-        opponents: Any = (OpenAIPolicy(args.opponent_url, model=args.opponent_model) if args.opponent_url
-                          else RandomPolicy(seed=0))
+        opponents: Any = ({"base_url": args.opponent_url, "model": args.opponent_model} if args.opponent_url
+                          else "random")
 
         def make(env_id: str, **kwargs: Any) -> Any:
-            return SinglePlayer(aec_env(env_id, **kwargs), args.seat, opponents=opponents)
+            return gym.make(env_id, single_player=args.seat, opponents=opponents, **kwargs)
     elif args.opponent_url is not None or args.opponent_model is not None:
         raise ConfigurationError("--opponent-url and --opponent-model play a game's other seats: give --seat")
     return play_command(args.id, args.kwargs, port=args.port, out=args.out, linger=args.linger, make=make)

@@ -93,6 +93,10 @@ class RandomPolicy:
             actions.append(self._space(env_id).sample())
         return actions
 
+    def forget(self, env_id: int) -> None:
+        """Drop ``env_id``'s action space (its episode is over and the id will not come back)."""
+        self._spaces.pop(env_id, None)
+
     def close(self) -> None:
         pass
 
@@ -161,6 +165,13 @@ class OpenAIPolicy:
     def act_batch(
         self, env_ids: Sequence[int], observations: Sequence[list[Message]], infos: Sequence[dict[str, Any]]
     ) -> list[Any]:
+        return runtime.run_sync(self.aact_batch(env_ids, observations, infos))
+
+    async def aact_batch(
+        self, env_ids: Sequence[int], observations: Sequence[list[Message]], infos: Sequence[dict[str, Any]]
+    ) -> list[Any]:
+        """:meth:`act_batch` for a caller on the runtime loop (an adapter playing a game's other
+        seats with this policy)."""
         for env_id, obs, info in zip(env_ids, observations, infos):
             if env_id in self._fresh:  # reset() already recorded this observation
                 self._fresh.discard(env_id)
@@ -168,7 +179,14 @@ class OpenAIPolicy:
                 self._history.setdefault(env_id, []).extend(obs)
             if info.get("tools") is not None:
                 self._tools[env_id] = list(info["tools"])
-        return runtime.run_sync(self._act_all(list(env_ids)))
+        return await self._act_all(list(env_ids))
+
+    def forget(self, env_id: int) -> None:
+        """Drop ``env_id``'s conversation (its episode is over and the id will not come back)."""
+        self._history.pop(env_id, None)
+        self._tools.pop(env_id, None)
+        self._tokens.pop(env_id, None)
+        self._fresh.discard(env_id)
 
     async def _act_all(self, env_ids: list[int]) -> list[Any]:
         if self._client is None:
@@ -219,8 +237,13 @@ class OpenAIPolicy:
 
     def close(self) -> None:
         if self._client is not None:
+            runtime.run_sync(self.aclose(), 30.0)
+
+    async def aclose(self) -> None:
+        """:meth:`close` for a caller on the runtime loop."""
+        if self._client is not None:
             client, self._client = self._client, None
-            runtime.run_sync(client.aclose(), 30.0)
+            await client.aclose()
 
 
 def _turn_tokens(data: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:

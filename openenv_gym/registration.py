@@ -32,7 +32,6 @@ enforces reset-before-step itself with :mod:`openenv_gym.errors` exceptions.
 from __future__ import annotations
 
 import difflib
-import importlib
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -91,8 +90,9 @@ def needs(adapter: str) -> str | None:
 
 
 ENV_KWARGS = ("split", "max_turns", "render_mode", "step_timeout", "start_timeout")
-SINGLE_PLAYER = ("openenv_gym.multiagent.single_player", "from_make")
-"""What builds ``gym.make(ID, single_player=SEAT, opponents=...)``: one seat of a game."""
+SEAT_ADAPTER = "openenv_gym.multiagent.seat:SeatAdapter"
+"""The adapter ``gym.make(ID, single_player=SEAT, opponents=...)`` builds: one seat of a game, the
+others played by ``opponents`` (``openenv_gym.multiagent``, a floor above: reached by name)."""
 """Kwargs of the env rather than the adapter (unless the adapter takes the name itself)."""
 
 HOST_KWARGS = ("python", "isolate")
@@ -207,6 +207,24 @@ def _host_python(spec: AdapterSpec, python: Any = None, isolate: Any = None) -> 
                        version=None if isolate is True else isolate)
 
 
+def _seat(kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """``(single_player, opponents)`` taken out of ``kwargs``, or ``None`` for a single-agent make."""
+    seat, opponents = kwargs.pop("single_player", None), kwargs.pop("opponents", None)
+    if seat is None and opponents is not None:
+        raise ConfigurationError("opponents= plays the other seats of a game: pass single_player=SEAT too")
+    if seat is not None and not isinstance(seat, str):
+        raise ConfigurationError(f"single_player= names a seat (a string such as 'player1'), not {type(seat).__name__}")
+    return None if seat is None else (seat, opponents)
+
+
+def _seat_spec(game: AdapterSpec, seat: str, opponents: Any) -> AdapterSpec:
+    """The adapter of one seat of ``game`` (:data:`SEAT_ADAPTER`), the others played by ``opponents``."""
+    from openenv_gym.adapters.base import AdapterSpec
+
+    return AdapterSpec(SEAT_ADAPTER, {"game": {"entry": game.entry, "kwargs": dict(game.kwargs)}, "seat": seat,
+                                      "opponents": opponents})
+
+
 def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     """Gymnasium entry point of every openenv id: an :class:`~openenv_gym.env.AgentEnv` over ``adapter``.
 
@@ -217,12 +235,10 @@ def make_env(adapter: str | None = None, **kwargs: Any) -> AgentEnv:
     :class:`~openenv_gym.errors.ConfigurationError` naming it, with close matches, before
     anything is built.
     """
-    seat, opponents = kwargs.pop("single_player", None), kwargs.pop("opponents", None)
-    if seat is None and opponents is not None:
-        raise ConfigurationError("opponents= plays the other seats of a game: pass single_player=SEAT too")
+    seat = _seat(kwargs)
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs)
-    if seat is not None:  # one seat of a game (openenv_gym.multiagent, a floor above: reached by name)
-        return getattr(importlib.import_module(SINGLE_PLAYER[0]), SINGLE_PLAYER[1])(spec, env_kwargs, seat, opponents)
+    if seat is not None:
+        spec = _seat_spec(spec, *seat)
     from openenv_gym.env import AgentEnv
 
     python = env_kwargs.pop("python", None)
@@ -268,16 +284,14 @@ def make_vec(
     from openenv_gym.vector.base import check_num_envs
 
     num_envs = check_num_envs(num_envs)  # an int from here on (numpy integers too)
-    if "single_player" in kwargs or "opponents" in kwargs:
-        raise ConfigurationError(
-            "single_player= makes one env of one seat: for many, pass vectorization_mode='sync' or 'async' "
-            "(Gymnasium's vector envs over gym.make), or play every seat of many games with "
-            "openenv_gym.multiagent.vector_env(ID, n)")
     if backend not in vector.BACKENDS:
         close = difflib.get_close_matches(str(backend), vector.BACKENDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigurationError(f"unknown vector backend {backend!r}{hint}; use one of {', '.join(vector.BACKENDS)}")
+    seat = _seat(kwargs)
     spec, env_kwargs = _adapter_and_env_kwargs(adapter, kwargs, also=VECTOR_KWARGS)
+    if seat is not None:
+        spec = _seat_spec(spec, *seat)
     env_kwargs.pop("render_mode", None)
     if EXPECTED_SESSIONS in (spec.accepted_here() or ()):
         spec.kwargs.setdefault(EXPECTED_SESSIONS, num_envs)

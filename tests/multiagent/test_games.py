@@ -291,7 +291,7 @@ def test_one_seat_is_a_gymnasium_env_against_a_given_policy(made: str) -> None:
         env = SinglePlayer(aec_env(VERIFIERS, source=str(KUHN)), "player1", opponents=Scripted())
     else:
         env = gym.make("openenv/KuhnPoker-v0", single_player="player1", opponents=Scripted())
-        assert env.spec.id == "openenv/KuhnPoker-v0" and isinstance(env.unwrapped, SinglePlayer)
+        assert env.spec.id == "openenv/KuhnPoker-v0"
     try:
         obs, info = env.reset(options={"index": 2})
         mine = list(obs)
@@ -319,10 +319,50 @@ def test_single_player_kwargs_are_checked_where_they_cannot_apply() -> None:
         gym.make("openenv/KuhnPoker-v0", single_player="player1")
     with pytest.raises(ConfigurationError, match="not a multi-agent env"):
         gym.make("openenv/Arithmetic-v0", single_player="player1", opponents=Scripted())
-    with pytest.raises(ConfigurationError, match="vectorization_mode='sync'"):
-        gym.make_vec("openenv/KuhnPoker-v0", 2, single_player="player1", opponents=Scripted())
     with pytest.raises(ConfigurationError, match="'dealer' is not a seat"):
         gym.make("openenv/KuhnPoker-v0", single_player="dealer", opponents=Scripted())
+
+
+@pytest.mark.parametrize("backend", ["concurrent", pytest.param("ray", marks=pytest.mark.ray)])
+def test_one_seat_is_an_env_of_the_package_so_vector_envs_and_rollout_take_it(tmp_path: Path, backend: str) -> None:
+    """single_player= makes the seat an adapter of its own: gym.make_vec runs many seats and
+    `openenv-gym rollout` collects them (opponents in their JSON form: a model's endpoint), every
+    episode paid the seat's own kuhn payoff."""
+    import json
+
+    import gymnasium as gym
+
+    from openenv_gym.cli import main
+
+    with OpenAIStub(lambda body: {"role": "assistant", "content": kuhn_move(body["messages"])}) as stub:
+        opponents = {"base_url": stub.url, "model": "stub"}
+        envs = gym.make_vec("openenv/KuhnPoker-v0", 2, single_player="player1", opponents=opponents, backend=backend)
+        try:
+            obs, infos = envs.reset(seed=5)
+            assert all("as Player 1" in text(o) for o in obs) and list(infos["seat"]) == ["player1"] * 2
+            history = [list(o) for o in obs]
+            done = [False, False]
+            for _ in range(6):
+                actions = [kuhn_move(h) for h in history]
+                obs, rewards, terms, truncs, infos = envs.step(actions)
+                for i in range(2):
+                    history[i] += [{"role": "assistant", "content": actions[i]}, *obs[i]]
+                    if (terms[i] or truncs[i]) and not done[i]:
+                        done[i] = True
+                        assert terms[i] and rewards[i] in (-2.0, -1.0, 1.0, 2.0)  # a kuhn payoff, the seat's own
+                if all(done):
+                    break
+            assert all(done)
+        finally:
+            envs.close()
+        if backend == "ray":
+            return
+        out = tmp_path / "seat.jsonl"
+        assert main(["rollout", "openenv/KuhnPoker-v0", "single_player=player1", f"opponents={json.dumps(opponents)}",
+                     "--episodes", "2", "--num-envs", "2", "--quiet", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and all("as Player 1" in r["messages"][0]["content"] for r in records)
+    assert all(r["terminated"] and r["total_reward"] in (-2.0, -1.0, 1.0, 2.0) for r in records)
 
 
 @pytest.mark.slow  # a dozen games with random actions: about a minute
