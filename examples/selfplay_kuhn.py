@@ -26,6 +26,7 @@ go down. In real use, point ``--base-url`` at vLLM and hand the samples to your 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -170,12 +171,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     model = TableModel(args.seed)
-    stub = OpenAIStub(model.answer).start() if args.base_url is None else None
-    policy = OpenAIPolicy(args.base_url or stub.url, args.model, token_ids=True)
-    envs = vector_env(ENV_ID, args.games, group_size=args.group_size)
-    out = open(args.out, "w") if args.out else None
     history = []
-    try:
+    with contextlib.ExitStack() as stack:  # whatever started is stopped, in reverse, however the loop ends
+        stub = stack.enter_context(OpenAIStub(model.answer)) if args.base_url is None else None
+        policy = OpenAIPolicy(args.base_url or stub.url, args.model, token_ids=True)
+        stack.callback(policy.close)
+        envs = vector_env(ENV_ID, args.games, group_size=args.group_size)
+        stack.callback(envs.close)
+        out = stack.enter_context(open(args.out, "w")) if args.out else None
         print(f"{ENV_ID}: {args.games} games at once in groups of {args.group_size}, seats {envs.possible_agents}, "
               f"model {args.model!r} at {'the bundled stub (a table)' if stub else args.base_url}")
         if stub:
@@ -201,13 +204,6 @@ def main(argv: list[str] | None = None) -> None:
                 figures.update({k: round(v, 3) for k, v in describe(model).items()})
             history.append(figures)
             print(json.dumps(figures), flush=True)
-    finally:
-        envs.close()
-        policy.close()
-        if stub is not None:
-            stub.stop()
-        if out is not None:
-            out.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(history, f, indent=1)
