@@ -2,8 +2,9 @@
 
 ``gym.make(ID, single_player=SEAT, opponents=...)`` builds a :class:`SeatAdapter` over the game's
 adapter, so the seat is an ordinary single-agent env wherever envs run: ``gym.make``,
-``gym.make_vec`` (in process, host processes, Ray), ``openenv-gym rollout``, ``serve``, TRL's
-``EnvSpec``, the session pool. :class:`~openenv_gym.multiagent.SinglePlayer` is the same adapter
+``gym.make_vec`` (in process, Ray), ``openenv-gym rollout`` (tested), and what builds on the same
+adapters (``serve``, TRL's ``EnvSpec``, the session pool; not yet tested with a seat).
+:class:`~openenv_gym.multiagent.SinglePlayer` is the same adapter
 under :class:`~openenv_gym.env.AgentEnv`. An episode is one game on the task the env picked:
 ``start`` plays the other seats until this one is asked, ``step`` answers it and plays the others
 again, and the game's end is the episode's, paid with the seat's own reward.
