@@ -20,7 +20,8 @@ import time
 from collections.abc import Iterable
 
 __all__ = ["proc_state", "is_stopped", "process_start_time", "die_with_parent", "tune_gc", "GC_THRESHOLDS",
-           "ensure_open_files", "open_files_limit", "alive", "parents", "children", "descendants", "cmdline",
+           "ensure_open_files", "open_files_limit", "tune_gc_for", "TUNE_GC_AT", "alive", "parents", "children",
+           "descendants", "cmdline",
            "rss_kib", "wait_dead", "terminate"]
 
 _PR_SET_PDEATHSIG = 1
@@ -65,28 +66,37 @@ def open_files_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def ensure_open_files(needed: int, what: str) -> None:
+def ensure_open_files(needed: int, what: str, base: int = 0) -> None:
     """Make sure this process may open ``needed`` files, raising its soft limit where the hard
     one allows (the processes it starts inherit the new limit); ``OSError`` naming the limit when
-    the hard one is too low. ``what`` says who needs them, for that message.
+    the hard one is too low. ``what`` says who needs them, for that message; ``base`` of the
+    ``needed`` are the process's own, the rest can be spread over host processes (the message
+    says how many would hold them).
 
     Sub-envs hold sockets (a connection each, more for servers and hosts): with the common soft
     limit of 1,024 or less, a large vector env otherwise fails part of its sub-envs with errors
-    that never mention descriptors.
+    that never mention descriptors. ``needed`` is an estimate (a reset's burst or a session's
+    overlapping delete hold a few more for a moment), so the soft limit goes up to the hard one,
+    not to the estimate.
     """
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return
-    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    target = needed if hard == resource.RLIM_INFINITY else hard
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     if target < needed:
+        hosts = -(-(needed - base) // max(1, hard - base))
         raise OSError(24, f"{what} need about {needed} open files, and this process may open at most {hard} "
                           "(its hard limit, `ulimit -Hn`): raise that limit, or spread the sub-envs over "
-                          "processes (python=, or backend='ray')")
+                          f"processes: python=sys.executable with vector_options={{'num_hosts': {hosts}}} "
+                          "(host processes), or backend='ray'")
 
+
+TUNE_GC_AT = 1024
+"""Sessions from which a vector env tunes its process's garbage collector (:func:`tune_gc_for`)."""
 
 GC_THRESHOLDS = (50_000, 20, 100)
 """What :func:`tune_gc` sets (Python's defaults: 700, 10, 10)."""
@@ -110,6 +120,23 @@ def tune_gc() -> None:
 
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def tune_gc_for(sessions: int) -> bool:
+    """:func:`tune_gc` for a process about to hold ``sessions`` sessions, if it holds at least
+    :data:`TUNE_GC_AT` and its collector still runs on Python's default thresholds (a setting
+    of the user's own is left alone); True if applied.
+
+    At 16,384 sub-envs the default collector doubled a vector env's reset time and took a third
+    of its client's CPU per step (``benchmarks/scale.py``); a vector env that large is the
+    process's main work.
+    """
+    import gc
+
+    if sessions < TUNE_GC_AT or gc.get_threshold() != (700, 10, 10):
+        return False
+    tune_gc()
+    return True
 
 
 def _stat(pid: int | str) -> list[str] | None:

@@ -62,6 +62,12 @@ class Adapter(abc.ABC):
     """With :attr:`caller_thread`: seconds between the passes made over the env's own loop while
     no call runs, so its connections answer pings (``None``: it holds no connection)."""
 
+    open_files_per_session: float = 2.0
+    """Open files this process holds for one live session of the adapter, for the shard's check
+    of its limit before it starts (a server's own sockets count in the server's process). The
+    default allows a connection and one more of the env's own; an adapter that knows better says
+    so, so that a configuration is refused only for files it would really open."""
+
     def __init__(self) -> None:
         self._splits: list[Split] | None = None
         self._num_tasks: dict[str, int] = {}

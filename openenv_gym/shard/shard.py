@@ -59,13 +59,18 @@ from openenv_gym.shard.ops import (
 from openenv_gym.shard.wrapped import SubEnvWrappers
 from openenv_gym.wire import ToolSpec
 
-__all__ = ["Shard", "ShardConfig", "encode_tools", "decode_tools", "FILES_PER_SESSION", "FILES_BASE"]
+__all__ = ["Shard", "ShardConfig", "encode_tools", "decode_tools", "FILES_BASE", "open_files_needed"]
 
-FILES_PER_SESSION = 2
-"""Open files a shard counts per session when it checks its process's limit (a connection, and
-room for a server's or a tool's own)."""
 FILES_BASE = 128
 """Open files a shard counts for everything else (servers' logs, pipes, the interpreter's own)."""
+
+def open_files_needed(adapters: list[Adapter], sessions: int) -> int:
+    """Open files ``sessions`` sessions spread evenly over ``adapters`` hold in this process, with
+    :data:`FILES_BASE`: each adapter's own figure per session (an in-process session opens none;
+    one over HTTP holds one connection)."""
+    per, extra = divmod(sessions, len(adapters))
+    return FILES_BASE + math.ceil(sum(a.open_files_per_session * (per + (k < extra)) for k, a in enumerate(adapters)))
+
 
 _tools_encoder = msgspec.msgpack.Encoder()
 _tools_decoder = msgspec.msgpack.Decoder(list[ToolSpec])
@@ -158,11 +163,11 @@ class Shard:
         await asyncio.shield(task)
 
     async def _start(self) -> None:
+        adapters = [self._spec.build() for _ in range(self._num_adapters)]  # nothing opened yet
         try:
-            ensure_open_files(FILES_PER_SESSION * len(self._ids) + FILES_BASE, f"{len(self._ids)} sub-envs")
+            ensure_open_files(open_files_needed(adapters, len(self._ids)), f"{len(self._ids)} sub-envs", FILES_BASE)
         except OSError as exc:
             raise ConfigurationError(str(exc.strerror)) from None
-        adapters = [self._spec.build() for _ in range(self._num_adapters)]
         # Start one first: a local source launches its server once, and the rest share it.
         try:
             await adapters[0].start()

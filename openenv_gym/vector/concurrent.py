@@ -15,6 +15,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from openenv_gym.adapters.base import AdapterSpec
+from openenv_gym.processes import tune_gc_for
 from openenv_gym.redact import RedactedSpec
 from openenv_gym.session import STEP_TIMEOUT
 from openenv_gym.shard.handle import LocalHandle
@@ -40,6 +41,10 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
             on a single env (:mod:`openenv_gym.shard.wrapped`).
         autoreset_mode, step_timeout: see :class:`~openenv_gym.vector.base.AgentVectorEnv`.
         start_timeout: seconds the adapters may take to start (a local source launches a server).
+
+    From :data:`~openenv_gym.processes.TUNE_GC_AT` sub-envs on, the process's garbage collector
+    runs less often (:func:`~openenv_gym.processes.tune_gc_for`, unless its thresholds were set
+    already).
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class ConcurrentVectorEnv(RedactedSpec, AgentVectorEnv):
         config = ShardConfig(entry=adapter.entry, adapter_kwargs=dict(adapter.kwargs), env_ids=list(range(num_envs)), num_envs=num_envs,
                              split=split, max_turns=max_turns, envs_per_client=envs_per_client,
                              step_timeout=step_timeout, max_in_flight=max_in_flight, env_wrappers=wrappers)
+        tune_gc_for(num_envs)  # thousands of sessions in this process: see processes.tune_gc_for
         self.shard = Shard(config)
         """The one shard of every sub-env, in this process."""
         shards = Shards([config.env_ids], lambda k, replaced: LocalHandle(self.shard),

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -123,6 +124,34 @@ def test_a_connection_idle_past_the_limit_is_not_reused(url, monkeypatch):
     run(go)
 
 
+def _sockets() -> int:
+    """Sockets this process holds open."""
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            count += (fds / fd.name).readlink().name.startswith("socket:")
+    return count
+
+
+def test_a_burst_s_connections_close_once_idle_past_the_limit_with_no_call_after_it(url, monkeypatch):
+    """After a burst (a reset of many sessions at once) nothing may call that pool again; its idle
+    connections still close, so thousands of sessions never hold twice their sockets here and in
+    the server."""
+    monkeypatch.setattr(http1, "IDLE_LIMIT", 0.2)
+
+    async def go() -> None:
+        async with linked(url, max_connections=6) as link:
+            before = _sockets()
+            results = await asyncio.gather(*(call(link, "slowok") for _ in range(6)))
+            assert len({conn_of(r) for r in results}) == 6
+            assert _sockets() == before + 6  # kept for reuse
+            await asyncio.sleep(0.6)
+            assert _sockets() == before
+            conn_of(await call(link, "ok"))  # and the pool still works
+    run(go)
+
+
 def test_a_connection_the_server_closed_while_idle_is_replaced(url):
     async def go() -> None:
         async with linked(url) as link:
@@ -222,3 +251,36 @@ def test_any_answer_gives_a_result_or_a_typed_error_in_bounded_time(url, raw):
             assert isinstance(result, (RunToolResult, str))
     run(go)
 
+
+
+def test_out_of_descriptors_one_pool_s_idle_connections_are_closed_for_another_s_call(url):
+    """A vector env holds a pool per adapter and server, and one pool's idle connections cannot
+    serve another's calls: when the process has no descriptor left, they are given back, so the
+    call connects instead of failing (a reset of 16,384 sub-envs went past 20,000 otherwise).
+    Run in a subprocess: it takes every descriptor it may open."""
+    code = textwrap.dedent(f"""
+        import asyncio
+        from openenv_gym.adapters.ors.transport import ORSTransport, Timeouts
+
+        async def main():
+            a = ORSTransport({url!r}, timeouts=Timeouts(connect=2.0, read=5.0), max_connections=4)
+            b = ORSTransport({url!r}, timeouts=Timeouts(connect=2.0, read=5.0), max_connections=4)
+            await asyncio.gather(*(a.call_tool("slowok", "s", "t", None, resume_attempts=0) for _ in range(4)))
+            hog = []
+            try:
+                while True:
+                    hog.append(open("/dev/null"))
+            except OSError:
+                pass
+            result = await b.call_tool("ok", "s", "t", None, resume_attempts=0)  # a's 4 idle ones are all there is
+            print("b got", result.ok)
+            for f in hog:
+                f.close()
+            print("a still works", (await a.call_tool("ok", "s", "t", None, resume_attempts=0)).ok)
+            await a.aclose()
+            await b.aclose()
+
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "b got True" in out.stdout and "a still works True" in out.stdout, out.stdout + out.stderr[-2000:]

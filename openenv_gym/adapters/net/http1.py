@@ -20,7 +20,10 @@ bytes nobody asked for) closes it, so a reply can never be read as a later reque
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, cast
@@ -44,6 +47,12 @@ with: 5 s). A request written as the server closes the connection is lost withou
 and a tool call that may have started is never retried blindly; staying well below the
 server's limit means a reused connection is never one the server is closing."""
 
+LOCAL_IDLE_LIMIT = 5.0
+""":data:`IDLE_LIMIT` for a server this package launched, which keeps connections alive for 60 s
+(``local_servers/serve.py``). With thousands of sessions a step's answer may wait seconds for the
+trainer's next action; closing its connection meanwhile made every such step open a new one,
+and the server's accept queue overflowed at 16,384 sessions."""
+
 
 class Refused(ConnectionError):
     """No connection could be opened: the request was not sent."""
@@ -59,6 +68,12 @@ class BadResponse(Exception):
 
 def _head_too_large() -> BadResponse:
     return BadResponse(f"the response's headers are over {HEAD_LIMIT} bytes")
+
+
+@functools.lru_cache(maxsize=1024)
+def _quoted(path: str) -> str:
+    # A client sends the same few paths (a tool call's is one per env) thousands of times a second.
+    return quote(path, safe="/")
 
 
 def usable(url: str) -> bool:
@@ -127,7 +142,11 @@ class Response(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
+        if not self.closed and isinstance(exc, OSError) and exc.errno == errno.ENOTCONN:
+            # A Unix socket's connect "succeeds" without a connection when the server's accept queue
+            # is full, and the first write fails so: no byte reached the server.
+            self._fail(Refused(f"the server's accept queue is full ({type(exc).__name__}: {exc})"))
+        elif not self.closed:
             self._fail(Dropped("the connection was lost before the response ended"
                                + (f" ({type(exc).__name__}: {exc})" if exc else "")))
 
@@ -249,9 +268,7 @@ class Response(asyncio.Protocol):
         if self.closed:
             return
         if self.complete and not self._chunks and self._keep and self.error is None and not self._pool.closed:
-            self.idle_since = time.monotonic()
-            self._pool._idle.append(self)
-            self._pool._hand_over()
+            self._pool._put_idle(self)
         else:
             self._close()
 
@@ -265,6 +282,27 @@ class Response(asyncio.Protocol):
             self._close()
 
 
+_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+"""Every pool that has connected, for :func:`_shed_idle`."""
+
+
+def _shed_idle(loop: asyncio.AbstractEventLoop) -> int:
+    """Close the idle connections of every pool on ``loop``; how many were closed.
+
+    Called when this process has run out of descriptors: an idle keep-alive connection is a
+    cache, and one pool's idle connections cannot serve another's requests (a vector env holds a
+    pool per adapter and server). During the reset of 16,384 sessions, those of sessions that had
+    moved on briefly pushed the process past 20,000 descriptors.
+    """
+    closed = 0
+    for pool in list(_pools):
+        if pool._loop is loop:
+            while pool._idle:
+                pool._idle.pop().close()
+                closed += 1
+    return closed
+
+
 class Pool:
     """Up to ``max_connections`` keep-alive connections to the server at ``url``.
 
@@ -272,9 +310,11 @@ class Pool:
         url: ``http://host[:port]`` or ``unix:<socket path>``.
         headers: sent with every request (a local server's token, API keys).
         max_connections: connections open at once; further requests wait for a free one.
+        idle_limit: seconds an idle connection is kept for reuse (below the server's keep-alive).
     """
 
-    def __init__(self, url: str, headers: Mapping[str, str], max_connections: int) -> None:
+    def __init__(self, url: str, headers: Mapping[str, str], max_connections: int,
+                 idle_limit: float = IDLE_LIMIT) -> None:
         if url.startswith("unix:"):
             path = url[len("unix:"):]
             self._unix: str | None = path[2:] if path.startswith("//") else path
@@ -290,10 +330,13 @@ class Pool:
                 raise ValueError("an HTTP header may not contain a line break")
         self._common = "".join(line + "\r\n" for line in lines)
         self._max = max_connections
+        self._idle_limit = idle_limit
         self._open = 0
         self._idle: list[Response] = []
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._all: set[Response] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it connects on, once it has
         self.closed = False
 
     async def request(self, method: str, path: str, body: bytes | None, extra: str) -> Response:
@@ -304,7 +347,7 @@ class Pool:
         Raises :class:`Refused` (nothing was sent), :class:`Dropped` or :class:`BadResponse`.
         """
         length = "" if body is None and method == "GET" else f"Content-Length: {len(body or b'')}\r\n"
-        head = f"{method} {quote(path, safe='/')} HTTP/1.1\r\n{self._common}{extra}{length}\r\n".encode("latin-1")
+        head = f"{method} {_quoted(path)} HTTP/1.1\r\n{self._common}{extra}{length}\r\n".encode("latin-1")
         conn = await self._acquire()
         try:
             conn._send(head + body if body else head)
@@ -320,7 +363,7 @@ class Pool:
             if self.closed:
                 raise Dropped("the connection pool is closed")
             if self._idle:
-                oldest = time.monotonic() - IDLE_LIMIT
+                oldest = time.monotonic() - self._idle_limit
                 while self._idle:
                     conn = self._idle.pop()
                     if conn.closed:
@@ -350,19 +393,54 @@ class Pool:
 
     async def _connect(self) -> Response:
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        _pools.add(self)
         conn = Response(self)
-        try:
-            if self._unix is not None:
-                await loop.create_unix_connection(lambda: conn, self._unix)
-            else:
-                await loop.create_connection(lambda: conn, *self._address)
-        except OSError as exc:
-            raise Refused(f"cannot connect ({type(exc).__name__}: {exc})") from exc
+        for attempt in (0, 1):
+            try:
+                if self._unix is not None:
+                    await loop.create_unix_connection(lambda: conn, self._unix)
+                else:
+                    await loop.create_connection(lambda: conn, *self._address)
+                break
+            except OSError as exc:
+                if attempt == 0 and exc.errno in (errno.EMFILE, errno.ENFILE) and _shed_idle(loop):
+                    for _ in range(3):  # a transport closes its socket on a later pass of the loop
+                        await asyncio.sleep(0)
+                    continue
+                raise Refused(f"cannot connect ({type(exc).__name__}: {exc})") from exc
         if self.closed or conn.closed:
             conn._close()
             raise Dropped("the connection pool is closed" if self.closed else "the connection was lost at once")
         self._all.add(conn)
         return conn
+
+    def _put_idle(self, conn: Response) -> None:
+        """Keep ``conn`` for reuse, and close those idle past the pool's limit (the oldest are
+        first): reuse takes the newest, so after a burst the rest would otherwise stay open, a
+        socket here and one in the server each, until the server's own keep-alive limit."""
+        conn.idle_since = time.monotonic()
+        self._sweep()
+        self._idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self._idle_limit, self._swept)
+        self._hand_over()
+
+    def _sweep(self) -> None:
+        oldest = time.monotonic() - self._idle_limit
+        idle = self._idle
+        while idle and (idle[0].closed or idle[0].idle_since < oldest):
+            idle.pop(0).close()
+
+    def _swept(self) -> None:
+        # One timer per pool while it holds idle connections: a pool none of whose sessions
+        # calls again (its server is another's now, or the burst of a reset is over) closes
+        # them too, instead of keeping a socket here and one in the server until the server's limit.
+        self._sweeper = None
+        self._sweep()
+        if self._idle and not self.closed:
+            wait = self._idle[0].idle_since + self._idle_limit - time.monotonic()
+            self._sweeper = asyncio.get_running_loop().call_later(max(0.05, wait), self._swept)
 
     def _hand_over(self) -> None:
         """Wake the first waiter for a connection (one went idle, or a place in the pool freed up)."""
@@ -381,6 +459,9 @@ class Pool:
     def close(self) -> None:
         """Close every connection, in use or idle; requests in flight get :class:`Dropped`."""
         self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self._all):
             conn._close()
         self._idle.clear()

@@ -343,6 +343,12 @@ class OpenEnvAdapter(ServerReport, Adapter):
         """Sessions one server process allows, once known (the app's setting, or a refusal's)."""
         return self.endpoint.capacity
 
+    @property
+    def open_files_per_session(self) -> float:  # type: ignore[override]
+        # A WebSocket per session; a source's may be served by a process of its own per session,
+        # whose pipes count here too.
+        return 0.0 if self.in_process else 1.0 if self.source is None else 2.0
+
     async def start(self) -> None:
         self.endpoint.check_open()
         if self.source is not None and self.in_process:

@@ -35,8 +35,9 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from openenv_gym import runtime
 from openenv_gym.actions import ParsedCall, Turn, no_tool_call, refuse_call, tool_message, unreadable_reply, user_message
@@ -209,6 +210,12 @@ class ORSAdapter(ServerReport, Adapter):
         self._deleting: set[asyncio.Task[None]] = set()
         self._deadlines = runtime.Deadlines()  # call_timeout of every tool call, for one timer
 
+    @property
+    def open_files_per_session(self) -> float:  # type: ignore[override]
+        # A session holds a pooled keep-alive connection only while a request is in flight (idle
+        # ones close within http1.IDLE_LIMIT); in process it holds none.
+        return 0.0 if self.in_process else 1.0
+
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         self.endpoint.check_open()
@@ -343,11 +350,14 @@ class ORSAdapter(ServerReport, Adapter):
         """The opening messages and the tools of session ``sid`` (prompt or messages, and task tools)."""
         env = self._env()
         messages: list[Message]
+        # A server of our own answers in well under a millisecond: asking twice at once saves less
+        # than a second connection per session costs (16,384 resets would hold 32,768).
+        together = self.source is None or self.in_process
         if self.flavour == "openreward":
-            wire, task_tools = await asyncio.gather(link.messages(env, sid), link.task_tools(env, sid))
+            wire, task_tools = await _both(lambda: link.messages(env, sid), lambda: link.task_tools(env, sid), together)
             messages = [{"role": m.role, "content": blocks_to_content(m.blocks)} for m in wire]
         else:
-            prompt, task_tools = await asyncio.gather(link.prompt(env, sid), link.task_tools(env, sid))
+            prompt, task_tools = await _both(lambda: link.prompt(env, sid), lambda: link.task_tools(env, sid), together)
             messages = [user_message(blocks_to_content(prompt))]
         return messages, _tool_specs(task_tools)
 
@@ -416,6 +426,18 @@ class ORSAdapter(ServerReport, Adapter):
                         await link.ping(sid)
                     except BackendError:
                         pass  # the next real request reports the failure with its context
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def _both(first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]],
+                together: bool) -> tuple[A, B]:
+    """Both answers: at once (two requests in flight), or one after the other (one connection)."""
+    if together:
+        return await asyncio.gather(first(), second())
+    return await first(), await second()
 
 
 class ORSEpisode(Episode):

@@ -51,7 +51,7 @@ import os
 import urllib.request
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
@@ -377,23 +377,26 @@ class ORSTransport:
         self._deadlines = runtime.Deadlines()
         self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect + timeouts.read,
                                                      sock_connect=timeouts.connect, sock_read=None)
-        connector: aiohttp.BaseConnector
-        if url.startswith("unix:"):
-            path = url[len("unix:"):]
-            connector = aiohttp.UnixConnector(path=path[2:] if path.startswith("//") else path, limit=max_connections)
-            self._base = "http://ors"
-        else:
-            connector = aiohttp.TCPConnector(limit=max_connections, ssl=ssl_context())
-            self._base = url.rstrip("/")
+        self._base = "http://ors" if url.startswith("unix:") else url.rstrip("/")
         environment = FromEnvironment({}, {}) if local or url.startswith("unix:") else from_environment(self._base, headers)
         self._options = environment.request
-        self._client = aiohttp.ClientSession(
-            connector=connector, timeout=_client_timeout(timeouts), headers={**(headers or {}), **environment.headers},
-            auto_decompress=True)
         # Plain HTTP without a proxy: http1's own connections for every request (aiohttp's
-        # request machinery costs more client CPU than the rest of a step); aiohttp otherwise
-        self._plain = (http1.Pool(url, {**(headers or {}), **environment.headers}, max_connections)
+        # request machinery costs more client CPU than the rest of a step); aiohttp otherwise.
+        # Only one of the two is built: 16,384 sub-envs hold 2,048 transports or more.
+        self._plain = (http1.Pool(url, {**(headers or {}), **environment.headers}, max_connections,
+                                  http1.LOCAL_IDLE_LIMIT if local else http1.IDLE_LIMIT)
                        if http1.usable(url) and not self._options else None)
+        self._client: aiohttp.ClientSession | None = None
+        if self._plain is None:
+            connector: aiohttp.BaseConnector
+            if url.startswith("unix:"):
+                path = url[len("unix:"):]
+                connector = aiohttp.UnixConnector(path=path[2:] if path.startswith("//") else path, limit=max_connections)
+            else:
+                connector = aiohttp.TCPConnector(limit=max_connections, ssl=ssl_context())
+            self._client = aiohttp.ClientSession(
+                connector=connector, timeout=_client_timeout(timeouts),
+                headers={**(headers or {}), **environment.headers}, auto_decompress=True)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -405,7 +408,8 @@ class ORSTransport:
                 task.cancel()
         if self._plain is not None:
             self._plain.close()
-        await self._client.close()
+        if self._client is not None:
+            await self._client.close()
 
     # -- the one error boundary --------------------------------------------------------------------
     def errors(self, what: str) -> _ErrorBoundary:
@@ -498,6 +502,7 @@ class ORSTransport:
             return reply
         # aiohttp reads timeout=None as "no limit at all": pass one only to override the session's.
         limits: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
+        assert self._client is not None  # built whenever _plain is not
         async with self._client.request(method, self._base + path, data=content, headers=headers, **self._options,
                                         **limits) as response:
             reply = Reply(response.status, response.headers, await self._read(response, f"{method} {path}"))
@@ -632,7 +637,7 @@ class ORSTransport:
                     # chunk (a step's timers cost more than the rest of its client-side work)
                     response: aiohttp.ClientResponse | http1.Response = await self._waited(
                         plain.request("POST", path, content, lines) if plain is not None else
-                        self._client.post(self._base + path, data=content, headers=headers,
+                        cast(aiohttp.ClientSession, self._client).post(self._base + path, data=content, headers=headers,
                                           timeout=self._stream_timeout, **self._options),
                         what, self.timeouts.connect + self.timeouts.read)
                     async with response:
