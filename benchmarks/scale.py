@@ -25,7 +25,8 @@ Systems (``--systems`` picks some), each size in a fresh process of its own:
 * ``serve_ors``: the same server over ORS, driven by our vector env (``url=``), a connection per
   session.
 
-Per size: steps/s (requests/s: one request per step), the share of steps and of sessions that
+Every session steps once before the window opens (at 16,384 sessions the first round alone takes
+longer than the window). Per size: steps/s (requests/s: one request per step), the share of steps and of sessions that
 succeeded, p50/p99 step latency (send to result), peak RSS and CPU (cores busy over the window)
 of the client process and of the servers it started. The machine is shared: every run records
 the cores busy outside these processes meanwhile.
@@ -158,12 +159,19 @@ def run_vector(system: str, n: int, seconds: float, step: float, url: str | None
         latencies: list[float] = []
         sent = [0.0] * n
         batch = max(1, n // 64)
+        envs.send([action] * n)  # warm-up: every session steps once before the window opens
+        sent = [time.perf_counter()] * n
+        warm = n
+        while warm:
+            got = envs.recv(batch_size=min(warm, batch), timeout=max(120.0, 4 * step))
+            warm -= len(got.env_ids)
+            envs.send([action] * len(got.env_ids), got.env_ids)
+            now = time.perf_counter()
+            for i in got.env_ids.tolist():
+                sent[i] = now
         window = Window()
         window.start()
-        now = time.perf_counter()
-        envs.send([action] * n)
-        sent = [now] * n
-        end = now + seconds
+        end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             got = envs.recv(batch_size=batch, timeout=max(60.0, 4 * step))
             now = time.perf_counter()
@@ -188,6 +196,16 @@ def run_vector(system: str, n: int, seconds: float, step: float, url: str | None
     return {**_summary(latencies, ok, bad, n, errors, measured, seconds), "reset_s": reset_s}
 
 
+def _dies_with_us() -> Any:
+    """A ``preexec_fn`` that has the kernel stop the child when this process dies (a size the sweep
+    kills for its timeout must not leave its server running)."""
+    import functools
+
+    from openenv_gym.processes import die_with_parent
+
+    return functools.partial(die_with_parent, os.getpid())
+
+
 # -- OpenEnv's own server and client -----------------------------------------------------------------------
 def start_openenv_server(step: float, n: int) -> tuple[subprocess.Popen, str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -198,7 +216,7 @@ def start_openenv_server(step: float, n: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "openenv_sleep_env.server.app:app", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
-        cwd=str(ENVS), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=str(ENVS), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_dies_with_us())
     return wait_healthy(proc, f"http://127.0.0.1:{port}", "OpenEnv")
 
 
@@ -221,34 +239,55 @@ async def _openenv_clients(url: str, n: int, seconds: float, headers: dict[str, 
             alive[k] = False
             errors[f"reset: {type(exc).__name__}: {str(exc)[:120]}"] += 1
 
+    async def step(k: int) -> None:
+        await (clients[k].call_tool("step", text="hi") if mcp else clients[k].step({"text": "hi"}))
+
     t0 = time.perf_counter()
     await asyncio.gather(*(opened(k) for k in range(n)))
     reset_s = time.perf_counter() - t0
+
+    # Every session steps on from its first step; the window opens once each has finished one
+    # (as on our side, the steps then in flight count when they end within it).
+    live = sum(alive)
     ok: collections.Counter = collections.Counter()
     bad: collections.Counter = collections.Counter()
     latencies: list[float] = []
+    first: set[int] = set()
     window = Window()
-    window.start()
-    end = time.perf_counter() + seconds
+    bounds: list[float] = []  # [start, end] once open
 
     async def play(k: int) -> None:
         if not alive[k]:
             bad[k] += 1
             return
-        while time.perf_counter() < end:
+        while not bounds or time.perf_counter() < bounds[1]:
             sent = time.perf_counter()
             try:
-                await (clients[k].call_tool("step", text="hi") if mcp else clients[k].step({"text": "hi"}))
-            except Exception as exc:  # noqa: BLE001
-                bad[k] += 1
-                errors[f"{type(exc).__name__}: {str(exc)[:120]}"] += 1
-                return
+                await step(k)
+                failed = None
+            except Exception as exc:  # noqa: BLE001  (the harness counts failures, as OpenEnv's does)
+                failed = exc
             done = time.perf_counter()
-            if done <= end:  # as on our side: results that arrived within the window
-                ok[k] += 1
-                latencies.append(done - sent)
+            if not bounds:
+                first.add(k)
+                if len(first) == live:
+                    window.start()
+                    bounds.extend((done, done + seconds))
+            elif done <= bounds[1]:
+                if failed is None:
+                    ok[k] += 1
+                    latencies.append(done - sent)
+                else:
+                    bad[k] += 1
+            if failed is not None:
+                errors[f"{type(failed).__name__}: {str(failed)[:120]}"] += 1
+                if not bounds:
+                    bad[k] += 1
+                return
 
     await asyncio.gather(*(play(k) for k in range(n)))
+    if not bounds:  # no session got as far as a step
+        window.start()
     measured = window.stop()
     await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     return {**_summary(latencies, ok, bad, n, errors, measured, seconds), "reset_s": reset_s}
@@ -271,7 +310,7 @@ def start_served(protocol: str, step: float, n: int) -> tuple[subprocess.Popen, 
         [sys.executable, "-m", "openenv_gym.cli", "serve", "openenv/OpenEnv-v0", f"source={ENVS / 'openenv_sleep_env'}",
          "in_process=true", "--protocol", protocol, "--port", str(port), "--max-sessions", str(n + 8)],
         env=dict(os.environ, OPENENV_GYM_TOKEN=token, SLEEP_ENV_SECONDS=str(step)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_dies_with_us())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
