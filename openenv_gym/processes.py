@@ -127,9 +127,9 @@ def tune_gc_for(sessions: int) -> bool:
     :data:`TUNE_GC_AT` and its collector still runs on Python's default thresholds (a setting
     of the user's own is left alone); True if applied.
 
-    At 16,384 sub-envs the default collector doubled a vector env's reset time and took a third
-    of its client's CPU per step (``benchmarks/scale.py``); a vector env that large is the
-    process's main work.
+    With thousands of sessions the default collector walks every request in flight again every
+    few hundred allocations, slowing resets and steps alike; a vector env that large is the
+    process's main work, so it may decide for the process.
     """
     import gc
 

@@ -31,7 +31,7 @@ from aiohttp import web
 from openenv_gym import runtime
 from openenv_gym.errors import ConfigurationError, OpenEnvGymError
 from openenv_gym.pool import SessionPool
-from openenv_gym.processes import tune_gc
+from openenv_gym.processes import ensure_open_files, tune_gc
 from openenv_gym.serving import openenv as openenv_protocol
 from openenv_gym.serving import ors as ors_protocol
 from openenv_gym.serving.access import Access
@@ -49,6 +49,7 @@ from openenv_gym.serving.limits import (
     STOP_TIMEOUT,
 )
 from openenv_gym.serving.sessions import ServedEnv
+from openenv_gym.shard.shard import FILES_BASE
 from openenv_gym.version import __version__
 
 __all__ = ["ServedURL", "Server", "serve", "served"]
@@ -166,7 +167,9 @@ class Server:
             raise ConfigurationError("session_idle_timeout must be a positive number of seconds")
         if isinstance(auth_timeout, bool) or not isinstance(auth_timeout, (int, float)) or not auth_timeout > 0:
             raise ConfigurationError("auth_timeout must be a positive number of seconds")
-        self.connections = ConnectionGuard(float(auth_timeout), MAX_PENDING_CONNECTIONS)
+        # A server sized for N sessions takes a burst of N clients connecting at once: under load
+        # their first requests wait unread for a while, unproven, and must not be cut off as idle.
+        self.connections = ConnectionGuard(float(auth_timeout), max(MAX_PENDING_CONNECTIONS, max_sessions or 0))
         self._quiet = MalformedRequests(MALFORMED_LOG_INTERVAL)
         self._watch: asyncio.Task[None] | None = None
         self.env_id, self.protocol = env_id, protocol
@@ -190,6 +193,11 @@ class Server:
 
         check_id(self.env_id)
         self._check_address()
+        try:  # a connection per session, some more still unproven, beside the sessions' own files
+            ensure_open_files(self.max_sessions + MAX_PENDING_CONNECTIONS + FILES_BASE,
+                              f"serving {self.max_sessions} sessions")
+        except OSError as exc:
+            raise ConfigurationError(str(exc.strerror)) from None
         self.pool = SessionPool.make(self.env_id, self.max_sessions, backend=self._backend, **self._pool_kwargs)
         try:
             self.url = runtime.run_sync(self._astart(), START_TIMEOUT, what="binding the server", limit="START_TIMEOUT")

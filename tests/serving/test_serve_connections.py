@@ -52,6 +52,27 @@ def test_silent_and_half_sent_connections_are_closed_and_token_holders_are_serve
                 s.close()
 
 
+def test_a_server_sized_for_many_sessions_lets_as_many_clients_connect_at_once():
+    # 4,096 clients of a server started with --max-sessions 4096 connect together; under load
+    # their first requests sit unread for a while, so they must not be cut off as idle ones are
+    # (ORS clients' resets failed "the server closed the connection" at 4,096, benchmarks/scale.py)
+    sessions = 2 * MAX_PENDING_CONNECTIONS
+    with served("openenv/Arithmetic-v0", in_process=True, auth_timeout=5.0, max_sessions=sessions) as url:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        waiting = [socket.create_connection((host, int(port))) for _ in range(sessions)]
+        try:
+            time.sleep(1.2)
+            assert not any(closed_by_server(s) for s in waiting)
+            extra = [socket.create_connection((host, int(port))) for _ in range(40)]  # beyond the sessions
+            time.sleep(1.2)
+            assert sum(closed_by_server(s) for s in waiting[:40]) == 40  # the oldest go, as before
+            for s in extra:
+                s.close()
+        finally:
+            for s in waiting:
+                s.close()
+
+
 def test_auth_timeout_must_be_positive():
     from openenv_gym.errors import ConfigurationError
 
