@@ -20,7 +20,8 @@ import time
 from collections.abc import Iterable
 
 __all__ = ["proc_state", "is_stopped", "process_start_time", "die_with_parent", "tune_gc", "GC_THRESHOLDS",
-           "ensure_open_files", "open_files_limit", "tune_gc_for", "TUNE_GC_AT", "alive", "parents", "children",
+           "ensure_open_files", "open_files_limit", "tune_gc_for", "TUNE_GC_AT", "PYTHON_GC_THRESHOLDS", "alive",
+           "parents", "children",
            "descendants", "cmdline",
            "rss_kib", "wait_dead", "terminate"]
 
@@ -95,6 +96,10 @@ def ensure_open_files(needed: int, what: str, base: int = 0) -> None:
                           "(host processes), or backend='ray'")
 
 
+PYTHON_GC_THRESHOLDS = ((700, 10, 10), (2000, 10, 10))
+"""The collector's thresholds as CPython starts (3.11 and 3.12; 3.13): anything else is a setting of
+the user's own, which :func:`tune_gc_for` leaves alone."""
+
 TUNE_GC_AT = 1024
 """Sessions from which a vector env tunes its process's garbage collector (:func:`tune_gc_for`)."""
 
@@ -133,7 +138,7 @@ def tune_gc_for(sessions: int) -> bool:
     """
     import gc
 
-    if sessions < TUNE_GC_AT or gc.get_threshold() != (700, 10, 10):
+    if sessions < TUNE_GC_AT or gc.get_threshold() not in PYTHON_GC_THRESHOLDS:
         return False
     tune_gc()
     return True
