@@ -362,15 +362,11 @@ class Pool:
         while True:
             if self.closed:
                 raise Dropped("the connection pool is closed")
-            if self._idle:
-                oldest = time.monotonic() - self._idle_limit
-                while self._idle:
-                    conn = self._idle.pop()
-                    if conn.closed:
-                        continue
-                    if conn.idle_since >= oldest:
-                        return conn
-                    conn.close()
+            self._sweep()  # the expired are the oldest: what is left may be reused
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
             if self._open < self._max:
                 self._open += 1
                 try:
