@@ -24,6 +24,10 @@ Systems (``--systems`` picks some), each size in a fresh process of its own:
   served env offers tools): the server against OpenEnv's ``create_app``, the same env.
 * ``serve_ors``: the same server over ORS, driven by our vector env (``url=``), a connection per
   session.
+* ``ray_cluster``: two Ray nodes on this machine (``ray start`` twice, a head on 127.0.0.2 and a
+  worker on 127.0.0.3, one CPU each, a token of the run's; :mod:`openenv_gym.testing.ray_cluster`)
+  and ``gym.make_vec(..., backend="ray", in_process=True)`` joining them by address with one actor
+  on each node (``actor_options={"num_cpus": 1}``); the row says what each node held and stepped.
 
 Every session steps once before the window opens (at 16,384 sessions the first round alone takes
 longer than the window). Per size: steps/s (requests/s: one request per step), the share of steps and of sessions that
@@ -52,7 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "envs" / "ors_probe.py"
 ENVS = Path(__file__).resolve().parent / "envs"
-SYSTEMS = ("vector", "in_process", "openenv", "ours_openenv", "serve_openenv", "serve_ors")
+SYSTEMS = ("vector", "in_process", "openenv", "ours_openenv", "serve_openenv", "serve_ors", "ray_cluster")
 COUNTS = 0.95
 """A step share and a session share: a size counts when 95% of sessions had 95% of steps succeed."""
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -127,7 +131,7 @@ def _summary(latencies: list[float], ok: collections.Counter, bad: collections.C
 
 # -- our vector env ---------------------------------------------------------------------------------------
 def run_vector(system: str, n: int, seconds: float, step: float, url: str | None = None,
-               headers: dict[str, str] | None = None) -> dict[str, Any]:
+               headers: dict[str, str] | None = None, cluster: Any = None) -> dict[str, Any]:
     import gymnasium as gym
 
     import openenv_gym  # noqa: F401  (registers the ids)
@@ -141,8 +145,13 @@ def run_vector(system: str, n: int, seconds: float, step: float, url: str | None
         action = {"role": "assistant", "content": None, "tool_calls": [
             {"id": "s", "type": "function", "function": {"name": "step", "arguments": json.dumps({"text": "hi"})}}]}
     else:
-        envs = gym.make_vec("openenv/ORS-v0", num_envs=n, source=str(PROBE), env_class="Probe",
-                            **({"in_process": True} if system == "in_process" else {}))
+        where: dict[str, Any] = {}
+        if system == "in_process":
+            where = {"in_process": True}
+        elif cluster is not None:  # one actor on each node: each node offers one CPU, each actor asks one
+            where = {"in_process": True, "backend": "ray", "vector_options": {
+                "address": cluster.address, "num_actors": 2, "actor_options": {"num_cpus": 1}}}
+        envs = gym.make_vec("openenv/ORS-v0", num_envs=n, source=str(PROBE), env_class="Probe", **where)
         action = {"role": "assistant", "content": None, "tool_calls": [
             {"id": "s", "type": "function", "function": {"name": "slow", "arguments": json.dumps({"seconds": step})}}]}
     try:
@@ -191,9 +200,27 @@ def run_vector(system: str, n: int, seconds: float, step: float, url: str | None
                 sent[i] = now
             envs.send([action] * len(ids), ids)
         measured = window.stop()
+        nodes = _per_node(envs, cluster, ok, seconds) if cluster is not None else None
     finally:
         envs.close()
-    return {**_summary(latencies, ok, bad, n, errors, measured, seconds), "reset_s": reset_s}
+    row = {**_summary(latencies, ok, bad, n, errors, measured, seconds), "reset_s": reset_s}
+    return {**row, "nodes": nodes} if nodes is not None else row
+
+
+def _per_node(envs: Any, cluster: Any, ok: collections.Counter, seconds: float) -> dict[str, dict[str, Any]]:
+    """What each node of the cluster held (sessions) and stepped (steps/s), by its actors' PIDs
+    (sub-env ``i`` lives in actor ``i % num_actors``)."""
+    import ray
+
+    pids = ray.get([actor.pid.remote() for actor in envs.actors])
+    nodes: dict[str, dict[str, Any]] = {}
+    for k, pid in enumerate(pids):
+        node = nodes.setdefault(str(cluster.node_of(pid)), {"actors": 0, "sessions": 0, "steps_per_s": 0.0})
+        held = range(k, envs.num_envs, len(pids))
+        node["actors"] += 1
+        node["sessions"] += len(held)
+        node["steps_per_s"] += sum(ok[i] for i in held) / seconds
+    return nodes
 
 
 def _dies_with_us() -> Any:
@@ -324,11 +351,25 @@ def start_served(protocol: str, step: float, n: int) -> tuple[subprocess.Popen, 
     raise SystemExit("openenv-gym serve did not start")
 
 
+def run_cluster(n: int, seconds: float, step: float) -> dict[str, Any]:
+    """Two Ray nodes started here (they die with this process), joined by the vector env."""
+    from openenv_gym.testing.ray_cluster import Cluster, cluster_env
+
+    os.environ.update(cluster_env())  # before Ray is imported: it reads the token and mode once
+    cluster = Cluster(dict(os.environ), preexec_fn=_dies_with_us())
+    try:
+        return run_vector("ray_cluster", n, seconds, step, cluster=cluster)
+    finally:
+        cluster.stop()
+
+
 def run_one(system: str, n: int, seconds: float, step: float) -> dict[str, Any]:
     from openenv_gym.processes import ensure_open_files, terminate
 
     if system in ("vector", "in_process"):
         return run_vector(system, n, seconds, step)
+    if system == "ray_cluster":
+        return run_cluster(n, seconds, step)
     ensure_open_files(n + 256, f"{n} sessions")  # OpenEnv's client opens a socket each, as ours does
     headers: dict[str, str] = {}
     if system.startswith("serve_"):
@@ -386,6 +427,9 @@ def sweep(system: str, sizes: list[int], seconds: float, step: float, timeout: f
               f"client {row['client_cores']:.2f} cores {row['client_peak_mib']:6.0f} MiB  "
               f"servers {row['server_cores']:.2f} cores {row['server_peak_mib']:6.0f} MiB  "
               f"others {row['other_cores']:.2f}", flush=True)
+        for node, held in (row.get("nodes") or {}).items():
+            print(f"{'':<12} {'':>6}  node {node}: {held['actors']} actor(s), {held['sessions']} sessions, "
+                  f"{held['steps_per_s']:.0f} steps/s", flush=True)
         if row["session_success"] < COUNTS:
             row["stopped"] = _why(row)
             print(f"{system:<12} stops at {n}: {row['stopped']}", flush=True)

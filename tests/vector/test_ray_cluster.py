@@ -1,9 +1,9 @@
 """RayVectorEnv on a real two-node Ray cluster: ``ray start`` twice on this machine, joined by address.
 
 A head node (1 CPU) and a worker node (1 CPU and a custom resource ``gpu_box``), each a
-``ray start --block`` subprocess, so each has a PID to stop. Each node has its own loopback
-address (127.0.0.2 and 127.0.0.3: Ray would turn 127.0.0.1 into the machine's network address
-for a multi-node cluster), and the cluster requires a token, generated here for this run. The tests join the
+``ray start --block`` subprocess with a loopback address of its own
+(:mod:`openenv_gym.testing.ray_cluster`, which ``benchmarks/scale.py`` starts too); the cluster
+requires a token, generated here for this run. The tests join the
 cluster with ``vector_options={"address": ...}`` as a user on a real cluster would, pin the actors
 to the worker through the resource, run isolated hosts there, and kill an actor mid-episode.
 Teardown stops both nodes by PID and checks that none of their processes is left.
@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -28,6 +23,7 @@ import pytest
 
 from openenv_gym.errors import ConfigurationError
 from openenv_gym.testing import procs
+from openenv_gym.testing.ray_cluster import Cluster, cluster_env
 
 ray = pytest.importorskip("ray")
 
@@ -36,74 +32,11 @@ import openenv_gym  # noqa: E402,F401
 pytestmark = pytest.mark.slow  # a two-node cluster of its own: its own CI step (-m slow)
 
 ARITH = "openenv/Arithmetic-v0"
-RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def call(name, args):
     return {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                                                  "function": {"name": name, "arguments": json.dumps(args)}}]}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
-
-
-class Cluster:
-    env = {}
-
-    def __init__(self):
-        self.temp = tempfile.mkdtemp(prefix="rc-", dir="/tmp")  # Ray's socket paths must stay short
-        self.port = free_port()
-        self.address = f"{HEAD_IP}:{self.port}"
-        self.head = self.worker = None
-        common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
-        self.head = subprocess.Popen([RAY, "start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={self.port}",
-                                      "--include-dashboard=false", f"--temp-dir={self.temp}", *common],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
-        self.wait_nodes(1)
-        self.worker = subprocess.Popen([RAY, "start", f"--address={self.address}", f"--node-ip-address={WORKER_IP}",
-                                        '--resources={"gpu_box": 4}', *common],
-                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
-        self.wait_nodes(2)
-
-    def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
-        code = (f"import ray; ray.init(address={self.address!r}, log_to_driver=False); "
-                "print(sum(1 for x in ray.nodes() if x['Alive'])); ray.shutdown()")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for p in (self.head, getattr(self, "worker", None)):
-                if p is not None and p.poll() is not None:
-                    raise RuntimeError(f"`ray start` exited with {p.returncode}")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self.env, timeout=60)
-            if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(n)]:
-                return
-            time.sleep(1.0)
-        raise RuntimeError(f"the cluster did not show {n} live nodes within {timeout} s")
-
-    def stop(self) -> list[int]:
-        tree = [p.pid for p in (getattr(self, "head", None), getattr(self, "worker", None)) if p is not None]
-        tree += [c for pid in list(tree) for c in procs.descendants(pid)]
-        for p in (getattr(self, "worker", None), getattr(self, "head", None)):  # the worker first: it would keep calling a dead head
-            if p is not None:
-                procs.terminate(p, timeout=30)
-        left = procs.wait_dead(tree, timeout=30)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if hasattr(self, "temp"):
-            shutil.rmtree(self.temp, ignore_errors=True)
-        return left
 
 
 def reload_auth() -> None:
@@ -120,24 +53,21 @@ def cluster():
     patch = pytest.MonkeyPatch()
     # Linux allows multi-node clusters unless told otherwise: a local Ray started by an earlier
     # test of this process may have said so for its single-node cluster. The token is this run's.
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    for key, value in env.items():
+    for key, value in cluster_env().items():
         patch.setenv(key, value)
     patch.delenv("RAY_ADDRESS", raising=False)
     patch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", True)
     reload_auth()  # this process imported Ray (and read its auth mode) before the token existed
-    Cluster.env = dict(os.environ)
-    c = Cluster.__new__(Cluster)
+    c = None
     try:
-        c.__init__()
+        c = Cluster(dict(os.environ), worker_resources='{"gpu_box": 4}')
         yield c
     finally:
         if ray.is_initialized():
             ray.shutdown()
         patch.undo()
         reload_auth()
-        left = c.stop()
+        left = c.stop() if c is not None else []
         assert not left, f"processes left after stopping the nodes: {[(p, procs.cmdline(p)) for p in left]}"
 
 
