@@ -9,6 +9,10 @@ from a new one. Modes (the path's first part):
 * ``eofbody``: the SSE stream without a length or chunking, ended by closing the connection.
 * ``closeafter``: ``ok``, then the server closes the idle connection 0.1 s later.
 * ``twice``: ``ok`` followed by a second response nobody asked for.
+* ``lateend``: the stream's result at once, its end (the last chunk) 0.3 s later, as a busy
+  server writes it.
+* ``noend``: the stream's result, then nothing: the response never ends.
+* ``moreafter``: the stream's result, then 0.1 s later more of the body (a ping) and the end.
 * ``garbage``: bytes that are not HTTP.
 * ``bighead``: a response whose headers go on for 100 KiB.
 * ``cut``: the response's headers and part of its body, then the connection closes.
@@ -61,6 +65,15 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     await writer.drain()
                     await asyncio.sleep(0.1)
                     return
+                continue
+            if mode in ("lateend", "noend", "moreafter"):
+                body = sse(conn)
+                writer.write(HEAD + b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(body), body))
+                await writer.drain()
+                if mode == "noend":
+                    await asyncio.sleep(3600)
+                await asyncio.sleep(0.3 if mode == "lateend" else 0.1)
+                writer.write(b"0\r\n\r\n" if mode == "lateend" else chunked(b": ping\n\n"))
                 continue
             if mode == "eofbody":
                 writer.write(HEAD + b"connection: close\r\n\r\n" + sse(conn))

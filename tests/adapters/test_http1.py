@@ -152,6 +152,39 @@ def test_a_burst_s_connections_close_once_idle_past_the_limit_with_no_call_after
     run(go)
 
 
+@LOOPS
+def test_a_result_returns_before_its_stream_ends_and_the_connection_is_reused_after_the_end(url, loop_factory):
+    """A busy server writes a stream's end well after its result: the step does not wait for it,
+    and the connection goes back to the pool when it comes (a dropped one is replaced by a new
+    connection, which waits behind the busy server's accept queue)."""
+    async def go() -> None:
+        async with linked(url) as link:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            first = conn_of(await call(link, "lateend"))
+            assert loop.time() - start < 0.25  # the end comes 0.3 s after the result
+            await asyncio.sleep(0.5)
+            assert conn_of(await call(link, "ok")) == first
+    run(go, loop_factory=loop_factory)
+
+
+@pytest.mark.parametrize("mode", ["noend", "moreafter"])
+def test_a_stream_that_never_ends_or_sends_more_after_its_result_loses_its_connection(url, mode, monkeypatch):
+    from openenv_gym.adapters.ors import transport as ors_transport
+
+    monkeypatch.setattr(ors_transport, "DETACHED_END_GRACE", 0.3)
+
+    async def go() -> None:
+        async with linked(url) as link:
+            before = _sockets()
+            first = conn_of(await call(link, mode))
+            assert _sockets() == before + 1
+            await asyncio.sleep(0.6)  # no call meanwhile: the pool's own timer drops it
+            assert _sockets() == before
+            assert conn_of(await call(link, "ok")) != first
+    run(go)
+
+
 def test_a_connection_the_server_closed_while_idle_is_replaced(url):
     async def go() -> None:
         async with linked(url) as link:
@@ -284,3 +317,55 @@ def test_out_of_descriptors_one_pool_s_idle_connections_are_closed_for_another_s
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "b got True" in out.stdout and "a still works True" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_more_calls_at_once_than_descriptors_allow_wait_their_turn_and_all_succeed(url):
+    """16,384 sessions have nearly all a call in flight, each on a connection: the pools of a
+    process share a budget (its open-files limit less a reserve), so calls beyond it wait for a
+    connection, taking idle ones from other pools, instead of failing for want of descriptors.
+    In a subprocess whose limit is 300 files: a budget of 44 connections for 300 calls at once (more than it may open)."""
+    code = textwrap.dedent(f"""
+        import asyncio, os, resource
+        from openenv_gym.adapters.ors.transport import ORSTransport, Timeouts
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (300, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+        def sockets():
+            n = 0
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    n += os.readlink("/proc/self/fd/" + fd).startswith("socket:")
+                except OSError:
+                    pass
+            return n
+
+        async def main():
+            links = [ORSTransport({url!r}, timeouts=Timeouts(connect=2.0, read=30.0), max_connections=100)
+                     for _ in range(3)]
+            await links[0].call_tool("ok", "s", "t", None, resume_attempts=0)  # an idle one in another pool
+            base = sockets() - 1
+            peak = 0
+            done = False
+
+            async def watch():
+                nonlocal peak
+                while not done:
+                    peak = max(peak, sockets() - base)
+                    await asyncio.sleep(0.01)
+
+            watcher = asyncio.create_task(watch())
+            results = await asyncio.gather(*(links[k % 3].call_tool("slowok", "s", "t", None, resume_attempts=0)
+                                             for k in range(300)), return_exceptions=True)
+            done = True
+            await watcher
+            print("ok", sum(getattr(r, "ok", False) is True for r in results), "peak", peak)
+            print("errors", [repr(r)[:200] for r in results if isinstance(r, BaseException)][:3])
+            for link in links:
+                await link.aclose()
+
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ok 300 " in out.stdout, out.stdout + out.stderr[-2000:]
+    peak = int(out.stdout.split("peak ", 1)[1].split()[0])
+    assert peak <= 44, out.stdout

@@ -18,6 +18,8 @@ What the child does, and why:
   its SDK's ``Server``; ``--app module:attr`` serves an app as it is (an OpenEnv environment's
   ``server.app:app``), imported with ``--root`` first on ``sys.path``.
 * **Serves the protocol only.** FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are removed.
+* **Runs asyncio's event loop** (not uvloop, uvicorn's default where installed): saturated by
+  thousands of sessions, uvloop left new connections unaccepted for half a minute.
 * **Collects garbage less often, and makes less of it** (see ``tune_gc`` and ``lean_sse``): with
   many sessions in flight, Python's default thresholds cost the server half its throughput, and
   sse-starlette's cancelled helper tasks left a garbage cycle behind every tool call.
@@ -324,6 +326,11 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
     config = uvicorn.Config(
         served, timeout_keep_alive=60, access_log=False, log_level="warning", backlog=4096,
         timeout_graceful_shutdown=2,
+        # asyncio's loop, not uvloop: a server saturated by thousands of sessions on uvloop left
+        # new connections in its accept queue for 30 s while it served the open ones (4,700 of
+        # 16,384 sessions' first steps, benchmarks/scale.py); asyncio's accepted them within 4 s,
+        # for about 11% more CPU per request.
+        loop="asyncio",
     )
     lean_sse()
     tune_gc()

@@ -14,7 +14,13 @@ What a server sends is bounded: the response head at :data:`HEAD_LIMIT` bytes, t
 at :data:`BUFFER` bytes (reading pauses until the caller takes it; the caller counts the whole
 body against its own limit). A connection goes back to the pool only after a complete response
 the server allows to keep alive; anything else (a cancel mid-response, a server that sends
-bytes nobody asked for) closes it, so a reply can never be read as a later request's.
+bytes nobody asked for) closes it, so a reply can never be read as a later request's. A caller
+that has what it needs before the response ends (a tool call's result) lets go of it with
+:meth:`Response.release_at_end`: the connection comes back when the end does.
+
+Every pool on a loop draws its connections from one budget, the process's open-files limit less
+a reserve (:class:`_Budget`): thousands of sessions wait their turn for a connection rather than
+run the process out of descriptors.
 """
 
 from __future__ import annotations
@@ -52,6 +58,13 @@ LOCAL_IDLE_LIMIT = 5.0
 (``local_servers/serve.py``). With thousands of sessions a step's answer may wait seconds for the
 trainer's next action; closing its connection meanwhile made every such step open a new one,
 and the server's accept queue overflowed at 16,384 sessions."""
+
+
+RESERVE = 0.1
+"""The share of the open-files limit (at least 256) the connection budget leaves to everything
+else in the process (logs, pipes, the interpreter's own, other clients' sockets) and to
+connections just closed: a transport closes its socket on a later pass of the loop, so under
+churn more descriptors are open than connections counted."""
 
 
 class Refused(ConnectionError):
@@ -108,6 +121,11 @@ class Response(asyncio.Protocol):
         """The response's headers, names in lower case."""
         self.complete = False
         self.has_head = False
+        self.budget: _Budget | None = None
+        """The budget its place was taken from (:class:`_Budget`), once connected."""
+        self.ending_until = 0.0
+        """While the caller has let go of a response that has not ended (:meth:`release_at_end`),
+        when it is dropped if it still has not (``time.monotonic()``); 0 otherwise."""
         self.idle_since = 0.0
         """When the connection last went back to the pool (``time.monotonic()``)."""
 
@@ -170,12 +188,19 @@ class Response(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.ending_until:  # more after what its reader took: the connection can't be trusted
+            self._close()
+            return
         self._chunks.append(body)
         self._buffered += len(body)
         self._wake()
 
     def on_message_complete(self) -> None:
         self.complete, self._expecting = True, False
+        if self.ending_until:
+            self.ending_until = 0.0
+            self._pool._ending_live -= 1
+            self.release()
         self._wake()
 
     # -- the caller's side -------------------------------------------------------------------------
@@ -193,6 +218,9 @@ class Response(asyncio.Protocol):
     def _close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self.ending_until:
+                self.ending_until = 0.0
+                self._pool._ending_live -= 1
             if self._transport is not None:
                 self._transport.close()
             self._pool._gone(self)
@@ -265,12 +293,24 @@ class Response(asyncio.Protocol):
 
     def release(self) -> None:
         """Return the connection to the pool if its response ended and the server keeps it open."""
-        if self.closed:
+        if self.closed or self.ending_until:
             return
         if self.complete and not self._chunks and self._keep and self.error is None and not self._pool.closed:
             self._pool._put_idle(self)
         else:
             self._close()
+
+    def release_at_end(self, grace: float) -> None:
+        """Let go of a response its reader is done with before it has ended (a tool call's result
+        is in; the stream's end follows): the connection goes back to the pool when the end
+        arrives, or is dropped if it has not within ``grace`` seconds or more body comes. Nobody
+        waits for the end: under load a server writes it well after the result, and a step that
+        waited for it, or a connection dropped for it, cost the step seconds (a new connection
+        waits behind a busy server's accept queue). A later :meth:`release` leaves it to that."""
+        if self.closed or self.complete or self._chunks or self.error is not None:
+            return  # ended (or unusable) already: release() decides now
+        self.ending_until = time.monotonic() + grace
+        self._pool._ending_add(self)
 
     async def __aenter__(self) -> Response:
         return self
@@ -284,6 +324,80 @@ class Response(asyncio.Protocol):
 
 _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 """Every pool that has connected, for :func:`_shed_idle`."""
+
+
+class _Budget:
+    """The connections every pool on one loop may hold at once: the process's open-files limit
+    less :data:`RESERVE`.
+
+    At 16,384 sessions nearly every session has a request in flight, each on a connection of its
+    own, and the pools' idle and not yet accepted connections come on top: the process ran out of
+    descriptors, closed idle connections everywhere to recover, and their sessions' new
+    connections queued behind the busy servers' full accept queues for up to 30 s. With a budget
+    a request that would pass it closes the oldest idle connection of another pool, or waits its
+    turn (first come, first served) for one to close; nothing runs out.
+    """
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+        self._limit = 0
+
+    def full(self) -> bool:
+        if self.open < self._limit:
+            return False
+        import resource  # read again when it matters: a vector env raises the soft limit as it starts
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._limit = 1 << 30 if soft == resource.RLIM_INFINITY else max(16, soft - max(256, int(soft * RESERVE)))
+        return self.open >= self._limit
+
+    def release(self) -> None:
+        self.open -= 1
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_next()  # it was woken for a place it will not take: pass it on
+            raise
+        finally:
+            if waiter in self.waiters:
+                self.waiters.remove(waiter)
+
+
+_budgets: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Budget] = weakref.WeakKeyDictionary()
+
+
+def _budget(loop: asyncio.AbstractEventLoop) -> _Budget:
+    budget = _budgets.get(loop)
+    if budget is None:
+        budget = _budgets[loop] = _Budget()
+    return budget
+
+
+def _close_oldest_idle(loop: asyncio.AbstractEventLoop) -> bool:
+    """Close the connection idle longest in any pool on ``loop``; False if none is idle."""
+    oldest: Response | None = None
+    for pool in list(_pools):
+        if pool._loop is loop and pool._idle and (oldest is None or pool._idle[0].idle_since < oldest.idle_since):
+            oldest = pool._idle[0]
+    if oldest is None:
+        return False
+    oldest._pool._idle.remove(oldest)
+    oldest._close()
+    return True
 
 
 def _shed_idle(loop: asyncio.AbstractEventLoop) -> int:
@@ -333,9 +447,12 @@ class Pool:
         self._idle_limit = idle_limit
         self._open = 0
         self._idle: list[Response] = []
+        self._ending: deque[tuple[float, Response]] = deque()  # let go of before their end, oldest first
+        self._ending_live = 0  # of those, still ending
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._all: set[Response] = set()
         self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0  # when the sweeper is due (time.monotonic())
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it connects on, once it has
         self.closed = False
 
@@ -367,12 +484,21 @@ class Pool:
                 conn = self._idle.pop()
                 if not conn.closed:
                     return conn
-            if self._open < self._max:
+            # A connection whose response is ending comes back in a moment: a request waits for it
+            # rather than opening another (a new connection waits behind a busy server's accept queue).
+            if self._open < self._max and len(self._waiters) >= self._ending_live:
+                loop = asyncio.get_running_loop()
+                budget = _budget(loop)
+                if budget.full() and not _close_oldest_idle(loop):
+                    await budget.wait()
+                    continue  # a connection may have come back to this pool meanwhile
+                budget.open += 1
                 self._open += 1
                 try:
-                    return await self._connect()
+                    return await self._connect(budget)
                 except BaseException:
                     self._open -= 1
+                    budget.release()
                     self._hand_over()
                     raise
             waiter = asyncio.get_running_loop().create_future()
@@ -387,7 +513,7 @@ class Pool:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
 
-    async def _connect(self) -> Response:
+    async def _connect(self, budget: _Budget) -> Response:
         loop = asyncio.get_running_loop()
         self._loop = loop
         _pools.add(self)
@@ -409,34 +535,60 @@ class Pool:
             conn._close()
             raise Dropped("the connection pool is closed" if self.closed else "the connection was lost at once")
         self._all.add(conn)
+        conn.budget = budget  # given back when the connection goes (_gone)
         return conn
 
     def _put_idle(self, conn: Response) -> None:
         """Keep ``conn`` for reuse, and close those idle past the pool's limit (the oldest are
         first): reuse takes the newest, so after a burst the rest would otherwise stay open, a
         socket here and one in the server each, until the server's own keep-alive limit."""
+        if not self._waiters and conn.budget is not None and conn.budget.waiters:
+            conn._close()  # another pool's request waits for a place: this pool has no use for it now
+            return
         conn.idle_since = time.monotonic()
         self._sweep()
         self._idle.append(conn)
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(self._idle_limit, self._swept)
+        self._sweep_by(conn.idle_since + self._idle_limit)
         self._hand_over()
 
+    def _ending_add(self, conn: Response) -> None:
+        self._ending_live += 1
+        self._ending.append((conn.ending_until, conn))
+        self._sweep_by(conn.ending_until)
+
+    def _sweep_by(self, at: float) -> None:
+        """Have the pool's timer run by ``at`` (``time.monotonic()``): one timer, the earliest due."""
+        if self._sweeper is not None and self._sweep_at <= at:
+            return
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._sweep_at = at
+        self._sweeper = asyncio.get_running_loop().call_later(max(0.0, at - time.monotonic()), self._swept)
+
     def _sweep(self) -> None:
-        oldest = time.monotonic() - self._idle_limit
+        now = time.monotonic()
+        oldest = now - self._idle_limit
         idle = self._idle
         while idle and (idle[0].closed or idle[0].idle_since < oldest):
             idle.pop(0).close()
+        ending = self._ending
+        while ending and (ending[0][0] <= now or ending[0][1].ending_until != ending[0][0]):
+            until, conn = ending.popleft()
+            if conn.ending_until == until:  # still not ended (an entry of an earlier request is stale)
+                conn._close()
 
     def _swept(self) -> None:
-        # One timer per pool while it holds idle connections: a pool none of whose sessions
-        # calls again (its server is another's now, or the burst of a reset is over) closes
-        # them too, instead of keeping a socket here and one in the server until the server's limit.
+        # One timer per pool while it holds idle or ending connections: a pool none of whose
+        # sessions calls again (its server is another's now, or the burst of a reset is over)
+        # closes them too, instead of keeping a socket here and one in the server until the
+        # server's limit.
         self._sweeper = None
         self._sweep()
-        if self._idle and not self.closed:
-            wait = self._idle[0].idle_since + self._idle_limit - time.monotonic()
-            self._sweeper = asyncio.get_running_loop().call_later(max(0.05, wait), self._swept)
+        if (self._idle or self._ending) and not self.closed:
+            now = time.monotonic()
+            due = [self._idle[0].idle_since + self._idle_limit] if self._idle else []
+            due += [self._ending[0][0]] if self._ending else []
+            self._sweep_by(max(now + 0.05, min(due)))
 
     def _hand_over(self) -> None:
         """Wake the first waiter for a connection (one went idle, or a place in the pool freed up)."""
@@ -450,6 +602,8 @@ class Pool:
         if conn in self._all:
             self._all.discard(conn)
             self._open -= 1
+            if conn.budget is not None:
+                conn.budget.release()
             self._hand_over()
 
     def close(self) -> None:
@@ -461,6 +615,7 @@ class Pool:
         for conn in list(self._all):
             conn._close()
         self._idle.clear()
+        self._ending.clear()
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -32,7 +32,8 @@ they arrive and refused past ``max_response_bytes`` (a tool-call stream as a who
 included), and its JSON is refused past ``max_json_depth`` levels; both errors name the limit. A
 tool-call stream is an SSE stream or a ``ServerError``, and its result is returned as soon as it
 arrives: a server that keeps the stream open after the ``end`` event (with pings, or silently)
-gets :data:`END_GRACE` seconds to close it, then the connection is dropped.
+gets :data:`END_GRACE` seconds to close it (:data:`DETACHED_END_GRACE` on openenv_gym's own
+connections, where the step does not wait for it), then the connection is dropped.
 
 HTTP statuses become errors in :func:`raise_for_status` (5xx ``ServerError``, ``Invalid split`` /
 ``Invalid index`` ``TaskNotFound``, a lost session ``BackendUnavailable``, other 4xx
@@ -161,8 +162,16 @@ _encoder = msgspec.json.Encoder()
 
 END_GRACE = 0.5
 """Seconds a tool-call stream may stay open after its result (the ``end`` or ``error`` event)
-before the connection is dropped. A server closes it at once; one that keeps it open (pings after
-the result) must not hold the step up. Waiting briefly keeps the connection for reuse."""
+before the connection is dropped, where the step waits for it (aiohttp's connections). A server
+closes it at once; one that keeps it open (pings after the result) must not hold the step up.
+Waiting briefly keeps the connection for reuse."""
+
+DETACHED_END_GRACE = 2.0
+"""The same where the step does not wait for the stream's end (openenv_gym's own connections,
+:meth:`~openenv_gym.adapters.net.http1.Response.release_at_end`): the connection is reused once
+the end arrives, and the pool's next request waits for that rather than open another. A server
+busy with thousands of sessions writes the end up to a second or two after the result, and a
+connection dropped for that is replaced by a new one that waits behind its accept queue."""
 
 
 class NotJSON(ConfigurationError):
@@ -686,6 +695,8 @@ class ORSTransport:
                                     outcome = self._result("".join(parts))
                             if outcome is None:
                                 raise _StreamEnded("the tool-call stream ended before its result")
+                        elif isinstance(response, http1.Response):
+                            response.release_at_end(DETACHED_END_GRACE)  # the step need not wait for the end
                         elif not stream.at_eof():
                             await self._finish(response)
                         return outcome
