@@ -326,6 +326,44 @@ _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 """Every pool that has connected, for :func:`_shed_idle`."""
 
 
+class _Turns:
+    """Requests waiting their turn for a connection, first come first served: one is woken per
+    place that frees up, and one that gives up after it was woken passes its turn on."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def wake_first(self, every: bool = False) -> None:
+        """Wake the first waiter still waiting (``every``: all of them)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                if not every:
+                    return
+
+    def wake_all(self) -> None:
+        self.wake_first(every=True)
+
+    async def wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.wake_first()  # it was woken for a turn it will not take: pass it on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
 class _Budget:
     """The connections every pool on one loop may hold at once: the process's open-files limit
     less :data:`RESERVE`.
@@ -340,7 +378,7 @@ class _Budget:
 
     def __init__(self) -> None:
         self.open = 0
-        self.waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters = _Turns()
         self._limit = 0
 
     def full(self) -> bool:
@@ -354,27 +392,7 @@ class _Budget:
 
     def release(self) -> None:
         self.open -= 1
-        self._wake_next()
-
-    def _wake_next(self) -> None:
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    async def wait(self) -> None:
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._wake_next()  # it was woken for a place it will not take: pass it on
-            raise
-        finally:
-            if waiter in self.waiters:
-                self.waiters.remove(waiter)
+        self.waiters.wake_first()
 
 
 _budgets: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Budget] = weakref.WeakKeyDictionary()
@@ -449,7 +467,7 @@ class Pool:
         self._idle: list[Response] = []
         self._ending: deque[tuple[float, Response]] = deque()  # let go of before their end, oldest first
         self._ending_live = 0  # of those, still ending
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters = _Turns()
         self._all: set[Response] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0  # when the sweeper is due (time.monotonic())
@@ -490,7 +508,7 @@ class Pool:
                 loop = asyncio.get_running_loop()
                 budget = _budget(loop)
                 if budget.full() and not _close_oldest_idle(loop):
-                    await budget.wait()
+                    await budget.waiters.wait()
                     continue  # a connection may have come back to this pool meanwhile
                 budget.open += 1
                 self._open += 1
@@ -501,17 +519,7 @@ class Pool:
                     budget.release()
                     self._hand_over()
                     raise
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():
-                    self._hand_over()  # it was handed a turn it will not take: pass it on
-                raise
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            await self._waiters.wait()
 
     async def _connect(self, budget: _Budget) -> Response:
         loop = asyncio.get_running_loop()
@@ -592,11 +600,7 @@ class Pool:
 
     def _hand_over(self) -> None:
         """Wake the first waiter for a connection (one went idle, or a place in the pool freed up)."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        self._waiters.wake_first()
 
     def _gone(self, conn: Response) -> None:
         if conn in self._all:
@@ -616,7 +620,4 @@ class Pool:
             conn._close()
         self._idle.clear()
         self._ending.clear()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake_all()
