@@ -56,22 +56,25 @@ class Cluster:
         self.temp = tempfile.mkdtemp(prefix="rc-", dir="/tmp")  # Ray's socket paths must stay short
         self.port = _free_port(HEAD_IP)
         self.address = f"{HEAD_IP}:{self.port}"
-        quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True,
-                 "preexec_fn": preexec_fn}
+        self._preexec_fn = preexec_fn
         try:
-            self.head = subprocess.Popen(
+            self.head = self._start(
                 [RAY, "start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={self.port}",
                  "--include-dashboard=false", f"--temp-dir={self.temp}", f"--num-cpus={head_cpus}",
-                 "--disable-usage-stats", "--block"], **quiet)
+                 "--disable-usage-stats", "--block"])
             self.wait_nodes(1)
             extra = [f"--resources={worker_resources}"] if worker_resources else []
-            self.worker = subprocess.Popen(
+            self.worker = self._start(
                 [RAY, "start", f"--address={self.address}", f"--node-ip-address={WORKER_IP}", *extra,
-                 f"--num-cpus={worker_cpus}", "--disable-usage-stats", "--block"], **quiet)
+                 f"--num-cpus={worker_cpus}", "--disable-usage-stats", "--block"])
             self.wait_nodes(2)
         except BaseException:
             self.stop()
             raise
+
+    def _start(self, argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=self._preexec_fn)
 
     def wait_nodes(self, n: int, timeout: float = 90.0) -> None:
         """Wait until the cluster shows ``n`` live nodes (asked from a fresh process each time:
