@@ -304,8 +304,8 @@ def served(env_id: str, **options: Any) -> Iterator[ServedURL]:
 def _prefer_uvloop() -> None:
     """Run the runtime loop (the server's and its sessions') on uvloop where it is installed: a
     served step's asyncio work (the app's, the env's own) costs less there, and at 16,384 ORS
-    sessions it held more of them than asyncio's loop (the launcher's uvicorn is the other way
-    round, see ``local_servers/serve.py``). Only a process that serves and has not started the loop yet."""
+    sessions it held more of them than asyncio's loop (the launcher's uvicorn at that scale is the
+    other way round, see ``local_servers/serve.py``). Only a process that serves and has not started the loop yet."""
     try:
         import uvloop
     except ImportError:

@@ -117,6 +117,25 @@ def test_the_default_is_one_worker_for_a_single_env_and_follows_the_cores_for_a_
         env.close()
 
 
+def test_workers_expecting_thousands_of_sessions_run_asyncio_s_loop_and_a_few_sessions_uvloop_s():
+    """Saturated by thousands of sessions, a uvicorn on uvloop left new connections unaccepted for
+    30 s (benchmarks/scale.py at 16,384); a single env's steps are quicker on uvloop."""
+    def loops(vec) -> set[str]:
+        return {procs.cmdline(p).split("--loop ", 1)[1].split()[0] for p in vec.adapters[0].server_pids()}
+
+    few = burn_vec(4, workers=1)
+    crowded = gym.make_vec("openenv/ORS-v0", num_envs=2 * server_groups.CROWDED_WORKER, source=BURN,
+                           env_class="CpuBurn", server_workers=2)
+    try:
+        assert loops(few) == {"auto"}
+        assert loops(crowded) == {"asyncio"} and len(crowded.adapters[0].server_pids()) == 2
+        obs, _ = crowded.reset(seed=0)  # and it serves
+        assert len(obs) == 2 * server_groups.CROWDED_WORKER
+    finally:
+        crowded.close()
+        few.close()
+
+
 # -- K processes, sessions spread over them and kept on theirs -------------------------------------
 def test_two_workers_serve_one_vector_env_with_sessions_spread_and_sticky():
     before = serve_children()

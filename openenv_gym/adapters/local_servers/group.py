@@ -62,6 +62,11 @@ __all__ = [
 SESSIONS_PER_WORKER = 8
 """Sessions a vector env must expect per extra worker before :func:`default_workers` adds one."""
 
+CROWDED_WORKER = 1024
+"""Sessions expected per worker from which it runs asyncio's event loop rather than uvloop: a
+worker saturated by thousands of sessions on uvloop left new connections unaccepted for 30 s
+(see ``serve.py``), while a few sessions' steps are quicker on uvloop."""
+
 MAX_DEFAULT_WORKERS = 8
 """The most workers :func:`default_workers` picks on its own (more only when asked)."""
 
@@ -465,7 +470,8 @@ class ServerGroup(Servers):
         if self.closed:
             raise BackendUnavailable(f"the {self.label} for {self.key[0]} was stopped")
         label = self.label if self.size == 1 and slot == 0 else f"{self.label} (worker {slot})"
-        worker = spawn(self._launch, label)
+        crowded = self.expected >= CROWDED_WORKER * max(self.size, len(self.workers) + 1)
+        worker = spawn(self._launch, label, loop="asyncio" if crowded else "auto")
         self._starting.append(worker)
         return worker
 
@@ -567,6 +573,7 @@ async def acquire(launch: Launch, *, workers: int = 1, expected_sessions: int | 
         if group is None:
             await asyncio.to_thread(sweep_stale)
             group = ServerGroup(key, launch, size)
+            group.expected = max(1, expected_sessions or 1)  # its first workers' loop depends on it
             await group.start()
             _groups[key] = group
         group.users += 1

@@ -267,8 +267,9 @@ def sweep_stale() -> list[Path]:
 
 
 # -- launching -----------------------------------------------------------------------------------
-def spawn(launch: Launch, label: str | None = None) -> Worker:
-    """Start one server process for ``launch`` (not waiting for it: see :func:`wait_ready`)."""
+def spawn(launch: Launch, label: str | None = None, loop: str = "auto") -> Worker:
+    """Start one server process for ``launch`` (not waiting for it: see :func:`wait_ready`);
+    ``loop`` is its uvicorn's event loop (``"asyncio"`` for a worker expecting thousands of sessions)."""
     workdir = make_workdir()
     token = new_token() if launch.listen == "tcp" else None
     env = dict(os.environ, OPENREWARD_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1", **launch.env)
@@ -283,7 +284,7 @@ def spawn(launch: Launch, label: str | None = None) -> Worker:
                 [
                     launch.python, str(_SERVE_SCRIPT), "--root", str(launch.root), *what,
                     "--workdir", str(workdir), "--listen", launch.listen,
-                    "--log-max-bytes", str(LOG_MAX_BYTES), "--parent-pid", str(os.getpid()),
+                    "--log-max-bytes", str(LOG_MAX_BYTES), "--parent-pid", str(os.getpid()), "--loop", loop,
                 ],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(launch.root),
                 # Its own session: a terminal's Ctrl-C interrupts the trainer, which then decides

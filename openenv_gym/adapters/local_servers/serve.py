@@ -18,8 +18,11 @@ What the child does, and why:
   its SDK's ``Server``; ``--app module:attr`` serves an app as it is (an OpenEnv environment's
   ``server.app:app``), imported with ``--root`` first on ``sys.path``.
 * **Serves the protocol only.** FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json`` are removed.
-* **Runs asyncio's event loop** (not uvloop, uvicorn's default where installed): saturated by
-  thousands of sessions, uvloop left new connections unaccepted for half a minute.
+* **Runs asyncio's event loop for thousands of sessions** (``--loop asyncio``; uvicorn's default,
+  uvloop where installed, otherwise): a server saturated by 8,192 sessions on uvloop left new
+  connections in its accept queue for 30 s while it served the open ones (4,700 of 16,384
+  sessions' first steps in a probe of ``benchmarks/scale.py``'s run); asyncio's loop answered them
+  within 4 s, for about 11% more CPU per request, which a single env's steps feel.
 * **Collects garbage less often, and makes less of it** (see ``tune_gc`` and ``lean_sse``): with
   many sessions in flight, Python's default thresholds cost the server half its throughput, and
   sse-starlette's cancelled helper tasks left a garbage cycle behind every tool call.
@@ -275,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
                                       "instead of an ORS class (OpenEnv environments)")
     parser.add_argument("--workdir", required=True, help="private 0700 folder: socket, address, log")
     parser.add_argument("--listen", choices=("unix", "tcp"), default="unix")
+    parser.add_argument("--loop", choices=("auto", "asyncio"), default="auto", help="uvicorn's event loop")
     parser.add_argument("--log-max-bytes", type=int, default=1 << 20)
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     args = parser.parse_args(argv)
@@ -325,12 +329,10 @@ def _serve(args: argparse.Namespace, workdir: Path, token: str) -> None:
     _write_atomically(workdir / "address", address)
     config = uvicorn.Config(
         served, timeout_keep_alive=60, access_log=False, log_level="warning", backlog=4096,
-        timeout_graceful_shutdown=2,
-        # asyncio's loop, not uvloop: a server saturated by thousands of sessions on uvloop left
-        # new connections in its accept queue for 30 s while it served the open ones (4,700 of
-        # 16,384 sessions' first steps, benchmarks/scale.py); asyncio's accepted them within 4 s,
-        # for about 11% more CPU per request.
-        loop="asyncio",
+        timeout_graceful_shutdown=2, loop=args.loop,
+        # Private servers: no proxy in front to trust headers from, and nobody reads these headers
+        # (each costs every request a little; at 16,384 sessions the servers are the bottleneck).
+        proxy_headers=False, server_header=False, date_header=False,
     )
     lean_sse()
     tune_gc()
