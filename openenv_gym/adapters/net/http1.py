@@ -405,11 +405,16 @@ def _budget(loop: asyncio.AbstractEventLoop) -> _Budget:
     return budget
 
 
+def _pools_on(loop: asyncio.AbstractEventLoop) -> list[Pool]:
+    """The pools that connect on ``loop`` (a snapshot: closing connections may drop pools)."""
+    return [pool for pool in list(_pools) if pool._loop is loop]
+
+
 def _close_oldest_idle(loop: asyncio.AbstractEventLoop) -> bool:
     """Close the connection idle longest in any pool on ``loop``; False if none is idle."""
     oldest: Response | None = None
-    for pool in list(_pools):
-        if pool._loop is loop and pool._idle and (oldest is None or pool._idle[0].idle_since < oldest.idle_since):
+    for pool in _pools_on(loop):
+        if pool._idle and (oldest is None or pool._idle[0].idle_since < oldest.idle_since):
             oldest = pool._idle[0]
     if oldest is None:
         return False
@@ -427,11 +432,10 @@ def _shed_idle(loop: asyncio.AbstractEventLoop) -> int:
     moved on briefly pushed the process past 20,000 descriptors.
     """
     closed = 0
-    for pool in list(_pools):
-        if pool._loop is loop:
-            while pool._idle:
-                pool._idle.pop().close()
-                closed += 1
+    for pool in _pools_on(loop):
+        while pool._idle:
+            pool._idle.pop().close()
+            closed += 1
     return closed
 
 
